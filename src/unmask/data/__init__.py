@@ -1,0 +1,1 @@
+"""Data: readers, masking, collation."""
