@@ -1,0 +1,32 @@
+"""Helpers shared by the benchmarks: where the data is, and alternating timed rounds with medians."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def shared_data(*parts: str) -> Path:
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        sys.exit(f"{path} is not present: this benchmark needs the shared datasets")
+    return path
+
+
+def alternate(contenders: dict[str, Callable[[], int]], rounds: int = 5) -> dict[str, float]:
+    """Run each contender once per round, in alternation (the machine is noisy); return median items/s each.
+
+    Each callable does its work and returns how many items it processed.
+    """
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            items = fn()
+            rates[name].append(items / (time.perf_counter() - start))
+    return {name: statistics.median(values) for name, values in rates.items()}
