@@ -5,10 +5,12 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+import os
 from pathlib import Path
 from typing import Callable
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# The shared datasets sit beside the checkout (../shared/data); UNMASK_DATA_DIR points elsewhere.
+SHARED_DATA = Path(os.environ.get("UNMASK_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 def shared_data(*parts: str) -> Path:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import os
 from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# The shared datasets sit beside the checkout (../shared/data); UNMASK_DATA_DIR points elsewhere.
+SHARED_DATA = Path(os.environ.get("UNMASK_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 _SUBJECTS = ["the old sailor", "a young doctor", "my neighbour", "the committee", "our teacher", "the children",
              "an unbelievable storm", "the quiet librarian", "Professor Whitfield", "the travelling musicians"]
