@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
-import os
 from pathlib import Path
 from typing import Callable
 

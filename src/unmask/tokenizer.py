@@ -8,7 +8,6 @@ that knows its special tokens. The saved directory holds `tokenizer.json`, `toke
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -16,6 +15,7 @@ from tokenizers import Encoding, decoders, models, normalizers, pre_tokenizers, 
 from tokenizers import Tokenizer as BackendTokenizer
 
 from unmask.data.sources import DataError, iter_lines
+from unmask.hub import atomic_write_text
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Role -> the key transformers uses in tokenizer_config.json / special_tokens_map.json.
@@ -80,7 +80,7 @@ class Tokenizer:
         """Write an HF tokenizer directory (each file atomically)."""
         output_dir = Path(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(output_dir / "tokenizer.json", self.backend.to_str(pretty=True))
+        atomic_write_text(output_dir / "tokenizer.json", self.backend.to_str(pretty=True))
         config = {
             "tokenizer_class": "BertTokenizer" if self._is_wordpiece() else "PreTrainedTokenizerFast",
             "model_max_length": self.model_max_length,
@@ -89,12 +89,12 @@ class Tokenizer:
         }
         if self.lowercase is not None:
             config["do_lower_case"] = self.lowercase
-        _atomic_write(output_dir / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
-        _atomic_write(output_dir / "special_tokens_map.json", json.dumps(self.special_tokens, indent=2) + "\n")
+        atomic_write_text(output_dir / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+        atomic_write_text(output_dir / "special_tokens_map.json", json.dumps(self.special_tokens, indent=2) + "\n")
         if self._is_wordpiece():
             vocab = self.backend.get_vocab(with_added_tokens=True)
             tokens = sorted(vocab, key=vocab.__getitem__)
-            _atomic_write(output_dir / "vocab.txt", "\n".join(tokens) + "\n")
+            atomic_write_text(output_dir / "vocab.txt", "\n".join(tokens) + "\n")
         return output_dir
 
     @classmethod
@@ -131,7 +131,7 @@ class Tokenizer:
         return cls(backend, special_tokens, model_max_length=max_length, lowercase=lowercase)
 
     def _is_wordpiece(self) -> bool:
-        return json.loads(self.backend.model.__getstate__())["type"] == "WordPiece"
+        return isinstance(self.backend.model, models.WordPiece)
 
 
 def bert_wordpiece_backend(lowercase: bool = True) -> BackendTokenizer:
@@ -214,9 +214,3 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not valid JSON ({e})") from e
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

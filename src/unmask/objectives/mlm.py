@@ -15,5 +15,7 @@ def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits: (..., V) scores, either for every position (B, T, V) or already gathered (N, V).
         labels: (...) original ids, -100 where the position is not predicted.
     """
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=IGNORE_INDEX)
+    logits, labels = logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1)
+    if not bool((labels != IGNORE_INDEX).any()):
+        return logits.sum() * 0.0  # nothing labelled (a short batch): a zero that keeps the graph, not NaN
+    return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)

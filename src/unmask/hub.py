@@ -1,0 +1,165 @@
+"""Model directories in Hugging Face's layout: `config.json` + `model.safetensors` + tokenizer files.
+
+Weights load only through safetensors, or `torch.load(weights_only=True)` for a legacy `pytorch_model.bin`: nothing
+is ever unpickled. Every file is written atomically (a temp file in the same directory, then a rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from unmask.config import BertConfig, ConfigError
+
+WEIGHTS_NAME = "model.safetensors"
+LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
+# buffers some old checkpoints saved although they are derived (HF #6882); we rebuild them
+DERIVED_KEYS = ("embeddings.position_ids", "embeddings.token_type_ids")
+
+
+class CheckpointError(ValueError):
+    """A model directory that cannot be loaded as asked; the message names the file and the mismatch."""
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call `write(tmp)` then rename tmp over `path`, so a crash never leaves a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with each shared tensor once, under its first name (tied decoder -> word embeddings)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        out[name] = tensor.detach().contiguous()
+    return out
+
+
+def save_pretrained(model: torch.nn.Module, output_dir: str | Path, tokenizer=None) -> Path:
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    config = {**model.config.to_dict(), "architectures": [type(model).__name__]}
+    atomic_write_text(output_dir / "config.json", json.dumps(config, indent=2) + "\n")
+    tensors = {k: v.cpu() for k, v in _unique_state_dict(model).items()}
+    atomic_write(output_dir / WEIGHTS_NAME, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def read_config(path: Path) -> BertConfig:
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise CheckpointError(f"{config_file}: missing (not a model directory?)")
+    try:
+        return BertConfig.from_json_file(config_file)
+    except ConfigError as e:
+        raise CheckpointError(f"{config_file}: {e}") from e
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if (path / WEIGHTS_NAME).exists():
+        try:
+            return load_file(str(path / WEIGHTS_NAME))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{path / WEIGHTS_NAME}: corrupt or not a safetensors file ({e})") from e
+    if (path / LEGACY_WEIGHTS_NAME).exists():
+        try:  # weights_only: tensors and plain containers, never arbitrary pickled objects
+            return torch.load(path / LEGACY_WEIGHTS_NAME, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch raises many types for a bad pickle
+            raise CheckpointError(f"{path / LEGACY_WEIGHTS_NAME}: cannot be loaded safely ({e})") from e
+    raise CheckpointError(f"{path}: no {WEIGHTS_NAME} (or {LEGACY_WEIGHTS_NAME})")
+
+
+def _align_prefix(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Map a bare encoder's keys onto a model with a head (`embeddings.` -> `bert.embeddings.`) and back."""
+    base = getattr(model, "base_model_prefix", None)
+    expected = model.state_dict().keys()
+    if base and not any(k.startswith(base + ".") for k in state):
+        return {f"{base}.{k}": v for k, v in state.items()}
+    if base is None and any(k.startswith("bert.") for k in state) and not any(k.startswith("bert.") for k in expected):
+        return {k[len("bert."):]: v for k, v in state.items() if k.startswith("bert.")}
+    return state
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> list[str]:
+    """Load `state` into `model`, checking keys and shapes; returns the head keys that were newly initialised."""
+    state = {k: v for k, v in _align_prefix(state, model).items() if not k.endswith(DERIVED_KEYS)}
+    expected = model.state_dict()
+    # a tied alias (decoder.weight = word embeddings) may be absent from the file: HF drops it too
+    present_ptrs = {expected[k].data_ptr() for k in state if k in expected}
+    missing = [k for k in expected if k not in state and expected[k].data_ptr() not in present_ptrs]
+    base = getattr(model, "base_model_prefix", None)
+    missing_base = [k for k in missing if base is None or k.startswith(base + ".")]
+    if base is None:
+        # a bare encoder may skip its pooler (BertForMaskedLM checkpoints have none)
+        missing_base = [k for k in missing_base if not k.startswith("pooler.")]
+    if missing_base:
+        raise CheckpointError(f"{source}: missing encoder weights {missing_base[:5]}"
+                              f"{' ...' if len(missing_base) > 5 else ''} (a different architecture?)")
+    for key, tensor in state.items():
+        if key in expected and tuple(tensor.shape) != tuple(expected[key].shape):
+            raise CheckpointError(f"{source}: {key} has shape {tuple(tensor.shape)} but the config asks for "
+                                  f"{tuple(expected[key].shape)}")
+    state = {k: v for k, v in state.items() if k in expected}  # other tasks' heads are dropped
+    model.load_state_dict(state, strict=False)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    return [k for k in missing if k not in missing_base]
+
+
+def from_pretrained(model_class, path: str | Path, **config_overrides):
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: model directory not found")
+    config = read_config(path)
+    for key, value in config_overrides.items():
+        setattr(config, key, value)
+    model = model_class(config)
+    new_keys = load_weights(model, read_weights(path), str(path))
+    if new_keys:
+        warnings.warn(f"{path}: no weights for {new_keys}; they are newly initialised (train them)", stacklevel=2)
+    model.eval()
+    return model
+
+
+def load_tokenizer(path: str | Path, config: BertConfig | None = None):
+    """The tokenizer stored in a model directory, checked against the model's vocabulary."""
+    from unmask.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(path)
+    if config is not None and tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding has "
+                              f"{config.vocab_size} rows: they do not belong together")
+    return tokenizer
+
+
+class HubMixin:
+    """`from_pretrained` / `save_pretrained` for the model classes (the work is in the functions above)."""
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **config_overrides):
+        return from_pretrained(cls, path, **config_overrides)
+
+    def save_pretrained(self, output_dir: str | Path, tokenizer=None) -> Path:
+        return save_pretrained(self, output_dir, tokenizer)

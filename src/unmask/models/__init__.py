@@ -1,0 +1,1 @@
+"""Encoder architectures, one file each."""

@@ -1,0 +1,261 @@
+"""BERT (Devlin et al., 2018): post-LN Transformer encoder with learned absolute positions and token types.
+
+Parameter names are Hugging Face's, so `load_state_dict(strict=True)` works both ways with `transformers`'
+`BertModel` / `BertForMaskedLM` without a conversion table (that is why `LayerNorm` is not snake-cased).
+Shapes: B batch, T tokens, H hidden, nh heads, hd head dim, V vocabulary, N labelled positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from unmask.config import BertConfig
+from unmask.data.masking import IGNORE_INDEX
+from unmask.hub import HubMixin
+from unmask.objectives.mlm import mlm_loss
+
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+@dataclass
+class EncoderOutput:
+    last_hidden_state: torch.Tensor  # (B, T, H)
+    pooler_output: torch.Tensor | None = None  # (B, H)
+
+
+@dataclass
+class MaskedLMOutput:
+    loss: torch.Tensor | None
+    logits: torch.Tensor  # (B, T, V) without labels; (N, V) at the labelled positions with labels
+    labelled_positions: torch.Tensor | None = None  # (B, T) bool: where the N rows of logits come from
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # derived, so not saved: old checkpoints that carry it load, new ones need not (HF #6882)
+        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.shape[1]
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(self.position_ids[:T])  # (B, T, H)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        H = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.query, self.key, self.value = nn.Linear(H, H), nn.Linear(H, H), nn.Linear(H, H)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, H = x.shape
+        # one GEMM for q, k and v; the weights stay three HF-named parameters
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        qkv = F.linear(x, weight, bias).view(B, T, 3, self.num_heads, H // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           dropout_p=self.dropout_p if self.training else 0.0)
+        return y.transpose(1, 2).reshape(B, T, H)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # post-LN: normalise after the residual
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))  # (B, T, 4H)
+
+
+class BertOutput(BertSelfOutput):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.attention(x, mask)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        for layer in self.layer:
+            x = layer(x, mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x[:, 0]))  # (B, H) from [CLS]
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm, zero padding embedding."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=std)
+        if module.padding_idx is not None:
+            module.weight.data[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def check_inputs(config: BertConfig, input_ids: torch.Tensor) -> None:
+    """Clear errors instead of an index error deep inside an embedding lookup."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[1] > config.max_position_embeddings:
+        raise ValueError(f"input of {input_ids.shape[1]} tokens is longer than the model's context of "
+                         f"{config.max_position_embeddings} (max_position_embeddings); chunk or truncate it first")
+    if input_ids.numel() and (int(input_ids.max()) >= config.vocab_size or int(input_ids.min()) < 0):
+        raise ValueError(f"token id {int(input_ids.max())} is outside the model's vocabulary of {config.vocab_size}:"
+                         " the tokenizer does not match the model")
+
+
+class BertModel(HubMixin, nn.Module):
+    base_model_prefix = None  # this *is* the encoder
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.apply(lambda m: init_weights(m, config.initializer_range))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> EncoderOutput:
+        check_inputs(self.config, input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        # (B, 1, 1, T) True = attend; None when nothing is padded lets SDPA take its fastest kernel
+        mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            mask = attention_mask.bool()[:, None, None, :]
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        x = self.encoder(x, mask)
+        return EncoderOutput(x, self.pooler(x) if self.pooler is not None else None)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder.bias = self.bias  # one parameter under both HF names
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(x))  # (..., V)
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.predictions(x)
+
+
+class BertForMaskedLM(HubMixin, nn.Module):
+    """BERT with its masked-LM head; the decoder shares the word-embedding matrix.
+
+    With `labels`, the head runs only at the labelled positions (sparse prediction): the loss equals the one computed
+    from full logits, without the (B, T, V) tensor. `logits` is then (N, V) in row-major order of those positions.
+    """
+
+    base_model_prefix = "bert"
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.cls.apply(lambda m: init_weights(m, config.initializer_range))
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> MaskedLMOutput:
+        x = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
+        if labels is None:
+            return MaskedLMOutput(None, self.cls(x))
+        labelled = labels != IGNORE_INDEX  # (B, T)
+        logits = self.cls(x[labelled])  # (N, V): the vocabulary projection only where a label is
+        return MaskedLMOutput(mlm_loss(logits, labels[labelled]), logits, labelled)

@@ -1,0 +1,182 @@
+"""BERT against transformers on the same weights: parity both ways, directories both ways, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from unmask.config import PRESETS, BertConfig, load_config
+from unmask.hub import CheckpointError
+from unmask.models.bert import BertForMaskedLM, BertModel
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+
+
+def hf_tiny(seed: int = 0):
+    torch.manual_seed(seed)
+    return transformers.BertForMaskedLM(transformers.BertConfig(**TINY)).eval()
+
+
+def batch(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 99, (3, 16), generator=g)
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, 10:] = 0
+    attention_mask[2, 5:] = 0
+    ids[attention_mask == 0] = 0
+    token_type_ids = torch.zeros_like(ids)
+    token_type_ids[:, 8:] = 1
+    labels = torch.full_like(ids, -100)
+    labels[0, [2, 7, 12]] = ids[0, [2, 7, 12]]
+    labels[1, 3] = ids[1, 3]
+    labels[2, 1] = ids[2, 1]
+    return ids, attention_mask, token_type_ids, labels
+
+
+def test_logits_and_loss_match_transformers():
+    hf = hf_tiny()
+    ours = BertForMaskedLM(BertConfig(**TINY)).eval()
+    assert set(ours.state_dict()) == set(hf.state_dict())
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    ids, mask, types, labels = batch()
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
+        full = ours(ids, mask, types)
+        sparse = ours(ids, mask, types, labels=labels)
+    real = mask.bool()
+    assert (full.logits[real] - theirs.logits[real]).abs().max() <= 1e-5
+    assert abs(sparse.loss.item() - theirs.loss.item()) <= 1e-5
+    # sparse logits are the full logits at the labelled positions, in row-major order
+    assert sparse.logits.shape == (5, 99)
+    assert (sparse.logits - theirs.logits[labels != -100]).abs().max() <= 1e-5
+
+
+def test_our_weights_load_into_transformers_strictly():
+    torch.manual_seed(1)
+    ours = BertForMaskedLM(BertConfig(**TINY)).eval()
+    hf = transformers.BertForMaskedLM(transformers.BertConfig(**TINY)).eval()
+    hf.load_state_dict(ours.state_dict(), strict=True)
+    ids, mask, types, _ = batch(1)
+    with torch.no_grad():
+        diff = (ours(ids, mask, types).logits - hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits)
+    assert diff[mask.bool()].abs().max() <= 1e-5
+
+
+def test_saved_directory_loads_in_transformers_and_pipeline(tmp_path, tokenizer):
+    torch.manual_seed(2)
+    config = BertConfig(**{**TINY, "vocab_size": tokenizer.vocab_size})
+    ours = BertForMaskedLM(config).eval()
+    ours.save_pretrained(tmp_path, tokenizer=tokenizer)
+    assert {p.name for p in tmp_path.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt"}
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir()), "no temp files left behind"
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path)).eval()
+    ids, mask, types, _ = batch(2)
+    ids = ids % tokenizer.vocab_size
+    with torch.no_grad():
+        diff = ours(ids, mask, types).logits - hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+    assert diff[mask.bool()].abs().max() <= 1e-5
+    fill = transformers.pipeline("fill-mask", model=str(tmp_path), top_k=5)
+    text = "the old sailor [MASK] the lighthouse"
+    theirs = fill(text)
+    enc = tokenizer.encode_batch([text])[0]
+    position = enc.ids.index(tokenizer.mask_token_id)
+    with torch.no_grad():
+        probs = ours(torch.tensor([enc.ids])).logits[0, position].softmax(-1)
+    top = probs.topk(5)
+    assert [r["token"] for r in theirs] == top.indices.tolist()
+    assert max(abs(r["score"] - s) for r, s in zip(theirs, top.values.tolist())) < 1e-5
+    again = BertForMaskedLM.from_pretrained(tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), ours.state_dict().values()))
+
+
+def test_minilm_encoder_matches_transformers(minilm_dir):
+    ours = BertModel.from_pretrained(minilm_dir)
+    hf = transformers.AutoModel.from_pretrained(str(minilm_dir)).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(minilm_dir))
+    enc = tok(["A man is playing a guitar.", "Short one."], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        a = ours(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        b = hf(**enc)
+    real = enc["attention_mask"].bool()
+    assert (a.last_hidden_state[real] - b.last_hidden_state[real]).abs().max() <= 1e-5
+    assert (a.pooler_output - b.pooler_output).abs().max() <= 1e-5
+
+
+def test_headless_checkpoint_into_masked_lm_warns_about_new_head(minilm_dir):
+    with pytest.warns(UserWarning, match="newly initialised"):
+        model = BertForMaskedLM.from_pretrained(minilm_dir)
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+
+
+def test_legacy_bin_loads_with_weights_only(tmp_path):
+    hf = hf_tiny(3)
+    hf.save_pretrained(str(tmp_path), safe_serialization=False) if "safe_serialization" in \
+        hf.save_pretrained.__code__.co_varnames else None
+    if not (tmp_path / "pytorch_model.bin").exists():
+        hf.config.save_pretrained(str(tmp_path))
+        torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    ours = BertForMaskedLM.from_pretrained(tmp_path)
+    ids, mask, types, _ = batch(3)
+    with torch.no_grad():
+        diff = ours(ids, mask, types).logits - hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+    assert diff[mask.bool()].abs().max() <= 1e-5
+
+
+def test_clear_errors_for_bad_checkpoints(tmp_path):
+    model = BertForMaskedLM(BertConfig(**TINY))
+    good = model.save_pretrained(tmp_path / "good")
+    with pytest.raises(CheckpointError, match="model directory not found"):
+        BertForMaskedLM.from_pretrained(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="config.json: missing"):
+        BertForMaskedLM.from_pretrained(tmp_path / "empty")
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_bytes((good / "config.json").read_bytes())
+    (corrupt / "model.safetensors").write_bytes((good / "model.safetensors").read_bytes()[:200])
+    with pytest.raises(CheckpointError, match=r"model.safetensors: corrupt"):
+        BertForMaskedLM.from_pretrained(corrupt)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    with pytest.raises(CheckpointError, match="model_type 'gpt2'"):
+        BertForMaskedLM.from_pretrained(foreign)
+    wrong_vocab = tmp_path / "wrong_vocab"
+    wrong_vocab.mkdir()
+    (wrong_vocab / "config.json").write_text(json.dumps({**TINY, "model_type": "bert", "vocab_size": 120}))
+    (wrong_vocab / "model.safetensors").write_bytes((good / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointError, match=r"word_embeddings.weight has shape \(99, 32\) but the config asks for "
+                                              r"\(120, 32\)"):
+        BertForMaskedLM.from_pretrained(wrong_vocab)
+
+
+def test_clear_errors_for_bad_inputs():
+    model = BertForMaskedLM(BertConfig(**{**TINY, "max_position_embeddings": 16})).eval()
+    with pytest.raises(ValueError, match="longer than the model's context of 16"):
+        model(torch.ones(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="outside the model's vocabulary of 99"):
+        model(torch.tensor([[2, 150, 3]]))
+
+
+def test_presets_have_the_published_sizes():
+    sizes = {name: sum(p.numel() for p in BertModel(load_config(name)).parameters()) for name in
+             ["bert-tiny", "bert-mini", "bert-small", "bert-medium", "bert-base"]}
+    assert abs(sizes["bert-base"] / 1e6 - 109.5) < 0.5  # the published 110M
+    assert abs(sizes["bert-tiny"] / 1e6 - 4.4) < 0.1 and abs(sizes["bert-mini"] / 1e6 - 11.2) < 0.2
+    assert abs(sizes["bert-small"] / 1e6 - 28.8) < 0.5 and abs(sizes["bert-medium"] / 1e6 - 41.4) < 0.5
+    assert PRESETS["bert-large"]["num_attention_heads"] == 16
+
+
+def test_config_validation_and_round_trip(tmp_path):
+    with pytest.raises(ValueError, match="not a multiple of num_attention_heads"):
+        BertConfig(hidden_size=100, num_attention_heads=3)
+    config = BertConfig(**TINY, id2label={0: "neg", 1: "pos"})
+    config.to_json_file(tmp_path / "config.json")
+    again = load_config(tmp_path)
+    assert again == config and again.label2id == {"neg": 0, "pos": 1}
+    hf = transformers.AutoConfig.from_pretrained(str(tmp_path))
+    assert hf.hidden_size == 32 and hf.id2label == {0: "neg", 1: "pos"}
