@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 
 from unmask.data.sources import DataError
+from unmask.hub import CheckpointError
+from unmask.train.pretrain import PretrainArgs, TrainingError
 
 
 def _probability(value: str) -> float:
@@ -38,8 +42,12 @@ def _run_demo(args) -> None:
 
 
 def _run_quickstart(args) -> None:
-    print("unmask quickstart: the lesson on its embedded synthetic data\n")
+    from unmask.quickstart import quickstart
+
+    print("unmask quickstart, part 1: the lesson on its embedded synthetic data\n")
     _run_demo(args)
+    print("\nunmask quickstart, part 2: pretrain a tiny BERT on the same grammar, then fill blanks\n")
+    quickstart(args.output_dir, seed=args.seed)
 
 
 def _run_tokenizer_train(args) -> None:
@@ -51,12 +59,89 @@ def _run_tokenizer_train(args) -> None:
     print(f"trained a WordPiece tokenizer with {tokenizer.vocab_size:,} tokens -> {args.output_dir}")
 
 
+_HELP = {
+    "train_file": "training text: files or globs (.txt, .jsonl, .gz); repeatable",
+    "validation_file": "held-out text for evaluation; repeatable",
+    "model_config": "a preset (bert-tiny, bert-mini, bert-small, bert-medium, bert-base, bert-large) or config.json",
+    "tokenizer": "an HF tokenizer directory; without it a WordPiece tokenizer of --vocab_size is trained",
+    "max_train_minutes": "wall-clock budget; the learning rate decays over whichever of it and --max_steps ends first",
+    "resume_from_checkpoint": "a checkpoint-N directory, or 'latest' (newest complete one in --output_dir)",
+    "cross_documents": "pack sequences across document boundaries (default: never cross)",
+    "whole_word_mask": "mask all pieces of a word together",
+    "bf16": "bfloat16 autocast (fp32 master weights)",
+}
+
+
+def _add_dataclass_flags(parser: argparse.ArgumentParser, cls) -> None:
+    """One snake_case flag per field of a dataclass of arguments; required when the field has no default."""
+    for f in dataclasses.fields(cls):
+        flag, kind = f"--{f.name}", str(f.type)
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = None if required else (f.default_factory() if f.default is dataclasses.MISSING else f.default)
+        help_text = _HELP.get(f.name, "") + ("" if required or default in (None, []) else f" (default {default})")
+        if kind == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif kind.startswith("list"):
+            parser.add_argument(flag, action="extend", nargs="+", required=required, default=None, help=help_text)
+        else:
+            base = kind.split("|")[0].strip()
+            convert = {"int": int, "float": float}.get(base, str)
+            parser.add_argument(flag, type=convert, required=required, default=default, help=help_text)
+
+
+def _run_pretrain(args) -> None:
+    from unmask.train.pretrain import pretrain
+
+    fields = {f.name for f in dataclasses.fields(PretrainArgs)}
+    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    result = pretrain(PretrainArgs(**values))
+    print(json.dumps(result, indent=2))
+
+
+def _run_eval_mlm(args) -> None:
+    from unmask.data.pretraining import PackedDataset, build_token_cache
+    from unmask.hub import load_tokenizer
+    from unmask.models.bert import BertForMaskedLM
+    from unmask.train.pretrain import default_cache_root, evaluate_mlm
+
+    model = BertForMaskedLM.from_pretrained(args.model)
+    tokenizer = load_tokenizer(args.model, model.config)
+    cache = build_token_cache(args.file, tokenizer, default_cache_root(), args.text_field, show_progress=False)
+    data = PackedDataset.from_cache(cache, tokenizer, args.max_seq_length)
+    result = evaluate_mlm(model, data, tokenizer, args.batch_size, args.mlm_probability, args.max_samples,
+                          seed=args.seed)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"loss {result['loss']:.4f}  accuracy {result['accuracy']:.4f}  perplexity {result['perplexity']:.2f}"
+              f"  ({result['tokens']:,} masked tokens)")
+
+
+def _run_fill_mask(args) -> None:
+    from unmask.hub import load_tokenizer
+    from unmask.models.bert import BertForMaskedLM
+    from unmask.serve.fill_mask import fill_mask
+
+    model = BertForMaskedLM.from_pretrained(args.model)
+    tokenizer = load_tokenizer(args.model, model.config)
+    results = fill_mask(model, tokenizer, args.texts, top_k=args.top_k)
+    if args.json:
+        print(json.dumps(results[0] if len(args.texts) == 1 else results))
+        return
+    for text, result in zip(args.texts, results):
+        print(text)
+        for mask_number, candidates in enumerate(result if isinstance(result[0], list) else [result], start=1):
+            shown = ", ".join(f"{c['token_str']} ({c['score']:.3f})" for c in candidates)
+            print(f"  mask {mask_number}: {shown}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unmask", description="Pretrain, fine-tune and serve BERT-style encoders.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     quickstart = commands.add_parser("quickstart", help="run the main job on embedded data (no download)")
     _add_demo_flags(quickstart)
+    quickstart.add_argument("--output_dir", default="runs/quickstart", help="where the tiny model is written")
     quickstart.set_defaults(run=_run_quickstart)
 
     demo = commands.add_parser("demo", help="the masking lesson on synthetic data")
@@ -75,6 +160,31 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--text_field", default="text", help="the field holding the text in .jsonl files")
     train.add_argument("--model_max_length", type=int, default=512)
     train.set_defaults(run=_run_tokenizer_train)
+
+    pretrain = commands.add_parser("pretrain", help="masked-LM pretraining from text files")
+    _add_dataclass_flags(pretrain, PretrainArgs)
+    pretrain.set_defaults(run=_run_pretrain)
+
+    evaluate = commands.add_parser("eval", help="evaluate a model")
+    eval_commands = evaluate.add_subparsers(dest="eval_command", required=True)
+    mlm = eval_commands.add_parser("mlm", help="masked-LM loss, accuracy and perplexity on a text file")
+    mlm.add_argument("--model", required=True, help="a model directory")
+    mlm.add_argument("--file", required=True, action="extend", nargs="+", help="text files or globs")
+    mlm.add_argument("--max_seq_length", type=int, default=128)
+    mlm.add_argument("--mlm_probability", type=_probability, default=0.15)
+    mlm.add_argument("--batch_size", type=int, default=64)
+    mlm.add_argument("--max_samples", type=int, default=None)
+    mlm.add_argument("--text_field", default="text")
+    mlm.add_argument("--seed", type=int, default=0, help="masking seed (fixed: comparable across models)")
+    mlm.add_argument("--json", action="store_true")
+    mlm.set_defaults(run=_run_eval_mlm)
+
+    fill = commands.add_parser("fill-mask", help="top-k fillers for each [MASK] in the text(s)")
+    fill.add_argument("model", help="a model directory")
+    fill.add_argument("texts", nargs="+", help="text(s) with at least one [MASK]")
+    fill.add_argument("--top_k", type=int, default=5)
+    fill.add_argument("--json", action="store_true", help="print the transformers pipeline's JSON shape")
+    fill.set_defaults(run=_run_fill_mask)
     return parser
 
 
@@ -82,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.run(args)
-    except (DataError, ValueError, FileNotFoundError) as e:
+    except (DataError, CheckpointError, TrainingError, ValueError, FileNotFoundError) as e:
         print(f"unmask: error: {e}", file=sys.stderr)
         return 2
     return 0

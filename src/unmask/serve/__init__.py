@@ -1,0 +1,1 @@
+"""Inference: fill-mask and friends."""

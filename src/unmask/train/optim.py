@@ -1,0 +1,45 @@
+"""Optimizer and learning-rate schedule, shared by pretraining and fine-tuning."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: weight decay on matrices only, none on biases and LayerNorm (BERT's recipe)."""
+    decay, no_decay, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:  # tied parameters appear once
+            continue
+        seen.add(id(p))
+        (no_decay if p.dim() < 2 or "LayerNorm" in name or "norm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float = 0.01,
+                   betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6) -> torch.optim.AdamW:
+    # foreach: one multi-tensor kernel per group instead of a Python loop over parameters
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=betas, eps=eps,
+                             foreach=True)
+
+
+def lr_factor(step: int, warmup_steps: int, decay_progress: float, schedule: str = "linear") -> float:
+    """Multiplier of the peak learning rate: linear warmup over `warmup_steps`, then decay to 0 as
+    `decay_progress` goes from 0 to 1 (the fraction of the post-warmup steps, or of a wall-clock budget, used)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    rest = min(1.0, max(0.0, decay_progress))
+    if schedule == "linear":
+        return 1.0 - rest
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * rest))
+    if schedule == "constant":
+        return 1.0
+    raise ValueError(f"unknown lr schedule {schedule!r} (linear, cosine, constant)")
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
