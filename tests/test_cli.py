@@ -13,10 +13,13 @@ def unmask(*args, cwd=None):
                           cwd=cwd, timeout=300)
 
 
-def test_quickstart_runs_the_lesson():
-    result = unmask("quickstart")
+def test_quickstart_runs_the_lesson_then_pretrains_and_fills_blanks(tmp_path):
+    result = unmask("quickstart", "--output_dir", tmp_path / "qs")
     assert result.returncode == 0, result.stderr
     assert "both sides      1.000" in result.stdout and "1.1513" in result.stdout
+    # every verb probe is decided by the right-hand context, and the model gets all three
+    assert result.stdout.count("<- right") == 3 and "<- wrong" not in result.stdout
+    assert (tmp_path / "qs" / "model" / "model.safetensors").exists()
 
 
 def test_tokenizer_train_command(corpus_file, tmp_path):

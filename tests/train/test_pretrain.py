@@ -1,0 +1,126 @@
+"""Pretraining end to end on a small corpus: metrics, exports, resume after SIGKILL, NaN, data parallel."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from unmask.train.pretrain import PretrainArgs, TrainingError, pretrain
+
+TINY_CONFIG = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "intermediate_size": 64, "max_position_embeddings": 64}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, corpus_file, tokenizer_dir):
+    root = tmp_path_factory.mktemp("pretrain")
+    config = root / "config.json"
+    config.write_text(json.dumps(TINY_CONFIG))
+    return {"root": root, "config": str(config), "train": str(corpus_file), "tokenizer": str(tokenizer_dir)}
+
+
+def args_for(setup, output_dir, **overrides) -> PretrainArgs:
+    base = dict(train_file=[setup["train"]], validation_file=[setup["train"]], output_dir=str(output_dir),
+                model_config=setup["config"], tokenizer=setup["tokenizer"], max_seq_length=32,
+                per_device_train_batch_size=8, learning_rate=1e-3, warmup_steps=5, max_steps=40, logging_steps=10,
+                eval_steps=20, max_eval_samples=64, cache_dir=str(setup["root"] / "cache"), show_progress=False)
+    return PretrainArgs(**{**base, **overrides})
+
+
+def test_pretrain_learns_logs_and_exports(setup):
+    transformers = pytest.importorskip("transformers")
+    out = setup["root"] / "run"
+    result = pretrain(args_for(setup, out, max_steps=60, learning_rate=5e-3))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == [10, 20, 30, 40, 50, 60]
+    for r in train_rows:
+        assert {"step", "loss", "learning_rate", "tokens_per_second"} <= set(r) and r["tokens_per_second"] > 0
+    assert train_rows[-1]["loss"] < train_rows[0]["loss"] - 0.5  # it learns (uniform guessing is ln 300 = 5.7)
+    assert {"eval_loss", "eval_accuracy", "eval_perplexity"} <= set(result)
+    assert abs(result["eval_perplexity"] - torch.tensor(result["eval_loss"]).exp().item()) < 1e-3
+    assert (out / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (out / "training_state.pt").exists(), "resume state never goes into the exported model"
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(str(out))
+    ours = load_file(str(out / "model.safetensors"))
+    assert torch.equal(hf.state_dict()["bert.embeddings.word_embeddings.weight"],
+                       ours["bert.embeddings.word_embeddings.weight"])
+
+
+def test_same_seed_same_weights_and_whole_word_mode(setup):
+    a = setup["root"] / "a"
+    b = setup["root"] / "b"
+    pretrain(args_for(setup, a, max_steps=8, validation_file=[], whole_word_mask=True))
+    pretrain(args_for(setup, b, max_steps=8, validation_file=[], whole_word_mask=True))
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+def _cli(setup, output_dir, *extra):
+    return [sys.executable, "-m", "unmask.cli", "pretrain", "--train_file", setup["train"], "--output_dir",
+            str(output_dir), "--model_config", setup["config"], "--tokenizer", setup["tokenizer"],
+            "--max_seq_length", "32", "--per_device_train_batch_size", "8", "--learning_rate", "1e-3",
+            "--warmup_steps", "5", "--max_steps", "30", "--save_steps", "3", "--logging_steps", "3",
+            "--cache_dir", str(setup["root"] / "cache"), "--no-show_progress", *extra]
+
+
+def test_resume_after_sigkill_gives_identical_weights(setup):
+    reference = setup["root"] / "uninterrupted"
+    subprocess.run(_cli(setup, reference), check=True, capture_output=True, timeout=300)
+    killed = setup["root"] / "killed"
+    proc = subprocess.Popen(_cli(setup, killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (killed / "checkpoint-9").exists():
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not (killed / "model.safetensors").exists(), "killed before the end"
+    resumed = subprocess.run(_cli(setup, killed, "--resume_from_checkpoint", "latest"), capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = load_file(str(reference / "model.safetensors")), load_file(str(killed / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 30 and len(steps) == len(set(steps))
+
+
+def test_nan_loss_stops_with_a_clear_error(setup):
+    with pytest.raises(TrainingError, match="loss is nan"):
+        pretrain(args_for(setup, setup["root"] / "nan", learning_rate=1e30, warmup_steps=0, max_grad_norm=1e30,
+                          max_steps=20, validation_file=[]))
+
+
+def test_bad_arguments_are_refused(setup):
+    with pytest.raises(ValueError, match="mlm_probability"):
+        args_for(setup, setup["root"] / "x", mlm_probability=0.0)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        pretrain(args_for(setup, setup["root"] / "x", max_seq_length=100))
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_two_processes_match_one_with_the_same_global_batch(setup):
+    one = setup["root"] / "ddp1"
+    two = setup["root"] / "ddp2"
+    common = ["--max_steps", "6", "--save_steps", "0", "--logging_steps", "2"]
+    no_dropout = setup["root"] / "no_dropout.json"  # dropout draws differ per rank by design
+    no_dropout.write_text(json.dumps({**TINY_CONFIG, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    common += ["--model_config", str(no_dropout)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd1 = _cli(setup, one, *common, "--per_device_train_batch_size", "8")
+    subprocess.run(cmd1, check=True, capture_output=True, timeout=300, env=env)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+                "-m", "unmask.cli"]
+    cmd2 = torchrun + _cli(setup, two, *common, "--per_device_train_batch_size", "4")[3:]
+    done = subprocess.run(cmd2, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst < 1e-5, worst  # same update; only the order of floating-point sums differs
