@@ -273,6 +273,22 @@ def pretrain(args: PretrainArgs) -> dict:
     start_time = time.perf_counter()
     window_tokens, window_loss, window_steps, window_start = 0, 0.0, 0, time.perf_counter()
     result: dict = {}
+    lr = 0.0
+
+    def log_window(step: int, lr: float) -> dict:
+        """One metrics.jsonl line for the steps since the last one (mean loss, tokens/s over the window)."""
+        nonlocal window_tokens, window_loss, window_steps, window_start
+        now = time.perf_counter()
+        tokens = dist.sum(window_tokens)
+        row = {"step": step, "loss": window_loss / window_steps, "learning_rate": lr,
+               "tokens_per_second": tokens / (now - window_start), "elapsed_seconds": elapsed_before + now - start_time}
+        progress.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_second']:,.0f}")
+        if dist.is_main:
+            with metrics_file.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        window_tokens, window_loss, window_steps, window_start = 0, 0.0, 0, time.perf_counter()
+        return row
+
     while step < args.max_steps:
         elapsed = elapsed_before + time.perf_counter() - start_time
         if budget_s is not None and elapsed >= budget_s:
@@ -316,16 +332,7 @@ def pretrain(args: PretrainArgs) -> dict:
         progress.update(1)
 
         if step % args.logging_steps == 0 or step == args.max_steps:
-            now = time.perf_counter()
-            tokens = dist.sum(window_tokens)
-            result = {"step": step, "loss": window_loss / window_steps, "learning_rate": lr,
-                      "tokens_per_second": tokens / (now - window_start),
-                      "elapsed_seconds": elapsed_before + now - start_time}
-            progress.set_postfix(loss=f"{result['loss']:.3f}", tok_s=f"{result['tokens_per_second']:,.0f}")
-            if dist.is_main:
-                with metrics_file.open("a") as f:
-                    f.write(json.dumps(result) + "\n")
-            window_tokens, window_loss, window_steps, window_start = 0, 0.0, 0, time.perf_counter()
+            result = log_window(step, lr)
         if valid_data is not None and args.eval_steps and step % args.eval_steps == 0 and dist.is_main:
             ev = evaluate_mlm(model, valid_data, tokenizer, args.per_device_eval_batch_size,
                               max_samples=args.max_eval_samples, bf16=args.bf16, device=dist.device)
@@ -337,6 +344,8 @@ def pretrain(args: PretrainArgs) -> dict:
                      "elapsed": elapsed_before + time.perf_counter() - start_time,
                      "samples_seen": step * global_batch * args.gradient_accumulation_steps}
             save_checkpoint(output_dir, step, model, tokenizer, state, keep=args.save_total_limit)
+    if window_steps:  # stopped by the time budget between two logging steps
+        result = log_window(step, lr)
     progress.close()
 
     final = {"step": step, "train_loss": result.get("loss")}
