@@ -124,3 +124,22 @@ def test_two_processes_match_one_with_the_same_global_batch(setup):
     a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     assert worst < 1e-5, worst  # same update; only the order of floating-point sums differs
+
+
+def test_gradient_accumulation_makes_the_same_update(setup):
+    no_dropout = setup["root"] / "no_dropout_accum.json"
+    no_dropout.write_text(json.dumps({**TINY_CONFIG, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    one, two = setup["root"] / "accum1", setup["root"] / "accum2"
+    common = dict(model_config=str(no_dropout), max_steps=5, validation_file=[])
+    pretrain(args_for(setup, one, per_device_train_batch_size=8, **common))
+    pretrain(args_for(setup, two, per_device_train_batch_size=4, gradient_accumulation_steps=2, **common))
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+def test_bf16_autocast_trains_and_exports_fp32(setup):
+    out = setup["root"] / "bf16"
+    result = pretrain(args_for(setup, out, bf16=True, max_steps=20, learning_rate=5e-3))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert rows[-1]["loss"] < rows[0]["loss"] and result["eval_loss"] < 5.7
+    assert all(t.dtype == torch.float32 for t in load_file(str(out / "model.safetensors")).values())

@@ -5,9 +5,9 @@
     every logging_steps: a line in metrics.jsonl; every eval_steps: validation loss / accuracy / perplexity;
     every save_steps: checkpoint-N/ (model + training_state.pt), atomically.
 
-Data-parallel under `torchrun`: every rank draws the masks of the whole global batch from the same generator and
-trains on its own rows of it, and the loss is normalised by the labelled tokens of the global batch, so N processes
-compute the same update as one process with the same global batch.
+Data-parallel under `torchrun`: every rank draws the masks of the whole global step from the same generator and
+trains on its own rows of it, and the loss is normalised by the labelled tokens of the global step, so N processes
+(or N accumulation steps) compute the same update as one process with the same global batch.
 """
 
 from __future__ import annotations
@@ -263,7 +263,6 @@ def pretrain(args: PretrainArgs) -> dict:
     order = SampleOrder(len(train_data), args.seed)
     rows_per_rank = args.per_device_train_batch_size
     global_batch = rows_per_rank * dist.world_size
-    my_rows = slice(dist.rank * rows_per_rank, (dist.rank + 1) * rows_per_rank)
     budget_s = args.max_train_minutes * 60 if args.max_train_minutes else None
 
     if dist.is_main:
@@ -293,16 +292,16 @@ def pretrain(args: PretrainArgs) -> dict:
         elapsed = elapsed_before + time.perf_counter() - start_time
         if budget_s is not None and elapsed >= budget_s:
             break
-        cursor = step * global_batch * args.gradient_accumulation_steps
-        micro_batches = []
-        for k in range(args.gradient_accumulation_steps):
-            indices = order.take(cursor + k * global_batch, global_batch)
-            micro_batches.append(collate([train_data[i] for i in indices]))
-        n_labels = sum(int((b["labels"] != -100).sum()) for b in micro_batches)  # over the global step
+        # the whole step (all ranks, all micro-batches) is collated and masked at once, so neither the number of
+        # processes nor gradient accumulation changes which tokens are masked
+        step_size = global_batch * args.gradient_accumulation_steps
+        batch = collate([train_data[i] for i in order.take(step * step_size, step_size)])
+        n_labels = int((batch["labels"] != -100).sum())  # over the global step
         step_loss = 0.0
-        for k, batch in enumerate(micro_batches):
-            local = _to(batch, dist.device, my_rows)
-            last = k == len(micro_batches) - 1
+        for k in range(args.gradient_accumulation_steps):
+            offset = k * global_batch + dist.rank * rows_per_rank
+            local = _to(batch, dist.device, slice(offset, offset + rows_per_rank))
+            last = k == args.gradient_accumulation_steps - 1
             sync = ddp_model.no_sync() if (dist.world_size > 1 and not last) else nullcontext()
             with sync, _autocast(args.bf16, dist.device):
                 out = ddp_model(**local)
