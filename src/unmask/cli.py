@@ -135,6 +135,53 @@ def _run_fill_mask(args) -> None:
             print(f"  mask {mask_number}: {shown}")
 
 
+def _read_sentences(path: str) -> list[str]:
+    from unmask.data.sources import read_text
+
+    lines = read_text(path).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise DataError(f"{path}: no sentences (one per line expected)")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise DataError(f"{path}:{number}: empty line; every line is a sentence and gets a vector")
+    return lines
+
+
+def _run_embed(args) -> None:
+    import numpy as np
+
+    from unmask.tasks.embed import SentenceEncoder
+
+    encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length)
+    sentences = _read_sentences(args.input)
+    vectors = encoder.encode(sentences, batch_size=args.batch_size, normalize=args.normalize,
+                             truncation=args.truncation)
+    np.save(args.output, vectors)
+    print(f"{len(sentences):,} sentences -> {args.output} ({vectors.shape[0]} x {vectors.shape[1]}, float32)")
+
+
+def _run_eval_sts(args) -> None:
+    from unmask.tasks.embed import SentenceEncoder
+    from unmask.tasks.embed_eval import evaluate_sts, read_sts
+
+    encoder = SentenceEncoder.from_pretrained(args.model)
+    pairs = read_sts(args.file, args.sentence1_column, args.sentence2_column, args.score_column)
+    result = evaluate_sts(encoder, *pairs, batch_size=args.batch_size)
+    print(json.dumps(result) if args.json else
+          f"spearman {result['spearman']:.4f}  pearson {result['pearson']:.4f}  ({result['pairs']} pairs)")
+
+
+def _run_eval_retrieval(args) -> None:
+    from unmask.tasks.embed import SentenceEncoder
+    from unmask.tasks.embed_eval import evaluate_retrieval
+
+    encoder = SentenceEncoder.from_pretrained(args.model)
+    result = evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size)
+    print(json.dumps(result) if args.json else "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unmask", description="Pretrain, fine-tune and serve BERT-style encoders.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -178,6 +225,36 @@ def build_parser() -> argparse.ArgumentParser:
     mlm.add_argument("--seed", type=int, default=0, help="masking seed (fixed: comparable across models)")
     mlm.add_argument("--json", action="store_true")
     mlm.set_defaults(run=_run_eval_mlm)
+
+    sts = eval_commands.add_parser("sts", help="Spearman / Pearson of embedding cosine against gold scores")
+    sts.add_argument("--model", required=True, help="a sentence-transformers or HF encoder directory")
+    sts.add_argument("--file", required=True, help="STS Benchmark file, or a TSV/JSONL with the column flags")
+    sts.add_argument("--sentence1_column", default=None, help="(other formats) column of the first sentence")
+    sts.add_argument("--sentence2_column", default=None, help="column of the second sentence (default sentence2)")
+    sts.add_argument("--score_column", default=None, help="column of the gold score (default score)")
+    sts.add_argument("--batch_size", type=int, default=64)
+    sts.add_argument("--json", action="store_true")
+    sts.set_defaults(run=_run_eval_sts)
+    retrieval = eval_commands.add_parser("retrieval", help="BEIR-style retrieval: nDCG@10, recall@100, MRR@10")
+    retrieval.add_argument("--model", required=True)
+    retrieval.add_argument("--corpus", required=True, help="corpus.jsonl (_id, title, text)")
+    retrieval.add_argument("--queries", required=True, help="queries.jsonl (_id, text)")
+    retrieval.add_argument("--qrels", required=True, help="qrels TSV (query-id, corpus-id, score)")
+    retrieval.add_argument("--batch_size", type=int, default=64)
+    retrieval.add_argument("--json", action="store_true")
+    retrieval.set_defaults(run=_run_eval_retrieval)
+
+    embed = commands.add_parser("embed", help="sentence embeddings of a text file (one sentence per line)")
+    embed.add_argument("model", help="a sentence-transformers or HF encoder directory")
+    embed.add_argument("--input", required=True, help="UTF-8 text, one sentence per line")
+    embed.add_argument("--output", required=True, help="where the (N, H) float32 .npy goes")
+    embed.add_argument("--batch_size", type=int, default=32)
+    embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                       help="L2-normalise (default: as the model directory says)")
+    embed.add_argument("--max_seq_length", type=int, default=None)
+    embed.add_argument("--truncation", choices=["truncate", "error"], default="truncate",
+                       help="inputs longer than max_seq_length: cut them (with a warning) or refuse")
+    embed.set_defaults(run=_run_embed)
 
     fill = commands.add_parser("fill-mask", help="top-k fillers for each [MASK] in the text(s)")
     fill.add_argument("model", help="a model directory")

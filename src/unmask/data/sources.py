@@ -49,7 +49,9 @@ def strip_gutenberg(text: str) -> str:
     return text[start.end() : end.start() if end else len(text)].strip("\n")
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: str | Path) -> str:
+    """A whole file as text: gzip undone, UTF-8 checked (a clear error naming the byte), BOM and CR removed."""
+    path = Path(path)
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rb") as f:
@@ -92,7 +94,7 @@ def _jsonl_documents(path: Path, text: str, text_field: str) -> Iterator[str]:
 def iter_documents(paths: Iterable[str | Path], text_field: str = "text") -> Iterator[str]:
     """Yield the documents of every file in order: a `.txt` file is one document, a `.jsonl` line is one."""
     for path in expand_paths(paths):
-        text = _read_text(path)
+        text = read_text(path)
         if _is_jsonl(path):
             yield from _jsonl_documents(path, text, text_field)
         else:

@@ -1,0 +1,1 @@
+"""Tasks: what a head, its data and its metrics need."""

@@ -1,0 +1,188 @@
+"""Sentence embeddings: an encoder, a pooling and an optional normalisation, in sentence-transformers' layout.
+
+A sentence-transformers directory is an HF model directory (the encoder) plus `modules.json` (the pipeline:
+Transformer -> Pooling -> Normalize), `1_Pooling/config.json` and `sentence_bert_config.json` (`max_seq_length`).
+`SentenceEncoder.from_pretrained` reads that layout (classic and sentence-transformers 6 keys) or a bare HF encoder
+directory; `save_pretrained` writes both at once, so `SentenceTransformer(dir)` and `AutoModel` read the result.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from unmask.data.collate import pad_batch
+from unmask.hub import CheckpointError, atomic_write_text, load_tokenizer, load_weights, read_config, read_weights
+from unmask.models.bert import BertModel
+
+POOLING_MODES = ("mean", "cls", "max")
+_POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
+                  "max": "pooling_mode_max_tokens"}
+_NORMALIZE_TYPES = ("Normalize",)
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """(B, T, H) token vectors -> (B, H) sentence vectors, ignoring padding."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    if mode == "mean":
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "max":
+        return hidden.masked_fill(mask == 0, -1e9).max(1).values
+    raise ValueError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
+
+
+def _read_json(path: Path) -> dict | list:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: cannot be read as JSON ({e})") from e
+
+
+def read_sentence_transformers_layout(path: Path) -> dict:
+    """Pooling, normalisation and max_seq_length from a sentence-transformers directory (None where absent)."""
+    found = {"pooling": None, "normalize": False, "max_seq_length": None}
+    if not (path / "modules.json").exists():
+        return found
+    modules = _read_json(path / "modules.json")
+    for module in modules:
+        kind = module.get("type", "").rsplit(".", 1)[-1]
+        module_dir = path / module.get("path", "")
+        if kind == "Pooling":
+            config_file = module_dir / "config.json"
+            if not config_file.exists():
+                raise CheckpointError(f"{config_file}: missing (modules.json lists a Pooling module there)")
+            config = _read_json(config_file)
+            if "pooling_mode" in config:  # sentence-transformers >= 6
+                found["pooling"] = config["pooling_mode"]
+            else:
+                found["pooling"] = next((m for m, flag in _POOLING_FLAGS.items() if config.get(flag)), None)
+            if found["pooling"] not in POOLING_MODES:
+                raise CheckpointError(f"{config_file}: pooling {found['pooling']!r} is not supported "
+                                      f"({', '.join(POOLING_MODES)})")
+        elif kind in _NORMALIZE_TYPES:
+            found["normalize"] = True
+        elif kind not in ("Transformer",):
+            raise CheckpointError(f"{path / 'modules.json'}: module {kind!r} is not supported (Transformer, "
+                                  "Pooling, Normalize)")
+    if (path / "sentence_bert_config.json").exists():
+        found["max_seq_length"] = _read_json(path / "sentence_bert_config.json").get("max_seq_length")
+    return found
+
+
+class SentenceEncoder:
+    """Text -> vectors with an encoder, a pooling and optional L2 normalisation.
+
+    Example:
+        >>> encoder = SentenceEncoder.from_pretrained("all-MiniLM-L6-v2-dir")
+        >>> vectors = encoder.encode(["A man is playing a guitar.", "Someone plays music."])  # (2, 384) float32
+    """
+
+    def __init__(self, model: BertModel, tokenizer, pooling: str = "mean", normalize: bool = False,
+                 max_seq_length: int | None = None):
+        if pooling not in POOLING_MODES:
+            raise ValueError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise CheckpointError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding has "
+                                  f"{model.config.vocab_size} rows: they do not belong together")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.normalize = normalize
+        limit = model.config.max_position_embeddings
+        self.max_seq_length = min(int(max_seq_length or limit), limit)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, pooling: str | None = None, normalize: bool | None = None,
+                        max_seq_length: int | None = None) -> "SentenceEncoder":
+        """A sentence-transformers directory or a bare HF encoder directory (mean pooling unless told)."""
+        path = Path(path)
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: model directory not found")
+        layout = read_sentence_transformers_layout(path)
+        config = read_config(path)
+        state = read_weights(path)
+        has_pooler = any(k.endswith("pooler.dense.weight") for k in state)
+        model = BertModel(config, add_pooling_layer=has_pooler)
+        load_weights(model, state, str(path))
+        tokenizer = load_tokenizer(path, config)
+        length = max_seq_length or layout["max_seq_length"]
+        if length is None and tokenizer.model_max_length < config.max_position_embeddings:
+            length = tokenizer.model_max_length  # sentence-transformers 6 keeps it in tokenizer_config.json
+        return cls(model, tokenizer, pooling or layout["pooling"] or "mean",
+                   layout["normalize"] if normalize is None else normalize, length)
+
+    @property
+    def dimension(self) -> int:
+        return self.model.config.hidden_size
+
+    def tokenize(self, sentences: Sequence[str], truncation: str = "truncate") -> tuple[list[list[int]], int]:
+        """Token ids per sentence, cut to max_seq_length (`truncation="truncate"`, counted) or refused ("error")."""
+        if isinstance(sentences, str):
+            raise TypeError("encode takes a list of sentences; wrap a single one in a list")
+        for i, s in enumerate(sentences):
+            if not isinstance(s, str):
+                raise TypeError(f"sentence {i} is {type(s).__name__}, not text")
+            if not s.strip():
+                raise ValueError(f"sentence {i} is empty")
+        ids = [e.ids for e in self.tokenizer.encode_batch(list(sentences))]
+        too_long = [i for i, seq in enumerate(ids) if len(seq) > self.max_seq_length]
+        if too_long and truncation == "error":
+            raise ValueError(f"{len(too_long)} input(s) exceed max_seq_length {self.max_seq_length} (first: index "
+                             f"{too_long[0]}, {len(ids[too_long[0]])} tokens); pass truncation='truncate'")
+        if truncation not in ("truncate", "error"):
+            raise ValueError(f"truncation must be 'truncate' or 'error', got {truncation!r}")
+        for i in too_long:  # keep the closing [SEP], as HF truncation does
+            ids[i] = ids[i][: self.max_seq_length - 1] + ids[i][-1:]
+        return ids, len(too_long)
+
+    @torch.inference_mode()
+    def encode(self, sentences: Sequence[str], batch_size: int = 32, normalize: bool | None = None,
+               show_progress: bool | None = None, truncation: str = "truncate") -> np.ndarray:
+        """(N, H) float32 embeddings, in input order. Batches are formed by token length, so little is padded."""
+        ids, truncated = self.tokenize(sentences, truncation)
+        if truncated:
+            warnings.warn(f"{truncated} of {len(ids)} inputs were longer than max_seq_length {self.max_seq_length} "
+                          "and were truncated (truncation='error' refuses them instead)", stacklevel=2)
+        order = np.argsort([-len(seq) for seq in ids], kind="stable")  # longest first: memory peaks at once
+        out = np.empty((len(ids), self.dimension), dtype=np.float32)
+        normalize = self.normalize if normalize is None else normalize
+        show = len(ids) > 1000 if show_progress is None else show_progress
+        for start in tqdm(range(0, len(ids), batch_size), desc="encoding", unit="batch", disable=not show):
+            rows = order[start : start + batch_size]
+            input_ids, attention_mask = pad_batch([ids[i] for i in rows], self.tokenizer.pad_token_id)
+            hidden = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
+            vectors = pool(hidden, attention_mask, self.pooling).float()
+            if normalize:
+                vectors = torch.nn.functional.normalize(vectors, dim=-1)
+            out[rows] = vectors.numpy()
+        return out
+
+    def save_pretrained(self, output_dir: str | Path) -> Path:
+        """An HF encoder directory that is also a sentence-transformers directory."""
+        output_dir = Path(output_dir)
+        self.model.save_pretrained(output_dir, tokenizer=self.tokenizer)
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        if self.normalize:
+            modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                            "type": "sentence_transformers.models.Normalize"})
+            (output_dir / "2_Normalize").mkdir(exist_ok=True)
+        atomic_write_text(output_dir / "modules.json", json.dumps(modules, indent=2) + "\n")
+        (output_dir / "1_Pooling").mkdir(exist_ok=True)
+        pooling = {"word_embedding_dimension": self.dimension,
+                   **{flag: mode == self.pooling for mode, flag in _POOLING_FLAGS.items()},
+                   "pooling_mode_mean_sqrt_len_tokens": False}
+        atomic_write_text(output_dir / "1_Pooling" / "config.json", json.dumps(pooling, indent=2) + "\n")
+        atomic_write_text(output_dir / "sentence_bert_config.json",
+                          json.dumps({"max_seq_length": self.max_seq_length, "do_lower_case": False}, indent=2) + "\n")
+        atomic_write_text(output_dir / "config_sentence_transformers.json",
+                          json.dumps({"similarity_fn_name": "cosine"}, indent=2) + "\n")
+        return output_dir

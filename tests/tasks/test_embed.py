@@ -1,0 +1,160 @@
+"""Sentence embeddings: sentence-transformers parity on all-MiniLM-L6-v2, round trips, the layout, clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_corpus
+from unmask.config import BertConfig
+from unmask.hub import CheckpointError
+from unmask.models.bert import BertModel
+from unmask.tasks.embed import SentenceEncoder, pool
+
+st = pytest.importorskip("sentence_transformers")
+
+
+def varied_sentences() -> list[str]:
+    """200 sentences: short, long (past max_seq_length), punctuation, accents, CJK, digits, one word."""
+    sentences = make_corpus(140, seed=7)
+    sentences += [" ".join(make_corpus(n, seed=n)) for n in range(1, 41)]  # 1 to 40 clauses: up to ~500 tokens
+    sentences += ["a", "Hello, world!", "Ünïcödé naïve café ✓", "中文字符和标点。", "3.14159 is pi; e is 2.71828",
+                  "ALL CAPS SENTENCE HERE", "tabs\tand  spaces", "emoji 🙂🙂🙂", "(parenthetical) [bracketed]",
+                  "don't won't can't shouldn't", "https://example.com/path?q=1", "x" * 300,
+                  "The quick brown fox jumps over the lazy dog.", "Is this a question?", "#hashtag @mention",
+                  "line one. line two. line three.", "—dashes–and…ellipses", "日本語のテキスト", "Ελληνικά κείμενα",
+                  "Русский текст здесь"]
+    assert len(sentences) == 200
+    return sentences
+
+
+@pytest.fixture(scope="module")
+def st_model(minilm_dir):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return st.SentenceTransformer(str(minilm_dir), device="cpu")
+
+
+def cosine_gap(a: np.ndarray, b: np.ndarray) -> float:
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    return float(np.abs(cos - 1).max())
+
+
+def test_minilm_matches_sentence_transformers(minilm_dir, st_model):
+    encoder = SentenceEncoder.from_pretrained(minilm_dir)
+    assert (encoder.pooling, encoder.normalize, encoder.max_seq_length) == ("mean", True, 256)
+    sentences = varied_sentences()
+    with pytest.warns(UserWarning, match="were truncated"):
+        ours = encoder.encode(sentences, batch_size=16)
+    theirs = st_model.encode(sentences, batch_size=16, convert_to_numpy=True)
+    assert ours.shape == (200, 384) and ours.dtype == np.float32
+    assert cosine_gap(ours, theirs) <= 1e-5
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+
+
+def test_truncation_error_mode_and_bad_sentences(minilm_dir):
+    encoder = SentenceEncoder.from_pretrained(minilm_dir)
+    with pytest.raises(ValueError, match="exceed max_seq_length 256"):
+        encoder.encode(["word " * 300], truncation="error")
+    with pytest.raises(ValueError, match="sentence 1 is empty"):
+        encoder.encode(["fine", "  "])
+    with pytest.raises(TypeError, match="list of sentences"):
+        encoder.encode("a bare string")
+
+
+def test_pooling_modes():
+    hidden = torch.tensor([[[1.0, 2.0], [3.0, -4.0], [100.0, 100.0]]])  # the third position is padding
+    mask = torch.tensor([[1, 1, 0]])
+    assert pool(hidden, mask, "mean").tolist() == [[2.0, -1.0]]
+    assert pool(hidden, mask, "cls").tolist() == [[1.0, 2.0]]
+    assert pool(hidden, mask, "max").tolist() == [[3.0, 2.0]]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+def test_our_directory_loads_in_sentence_transformers_and_transformers(tmp_path, tokenizer, pooling):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64)
+    encoder = SentenceEncoder(BertModel(config), tokenizer, pooling=pooling, normalize=pooling == "mean",
+                              max_seq_length=48)
+    encoder.save_pretrained(tmp_path)
+    sentences = make_corpus(30, seed=1) + ["the sailor " * 40]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = encoder.encode(sentences)
+        theirs = st.SentenceTransformer(str(tmp_path), device="cpu").encode(sentences, convert_to_numpy=True)
+    assert cosine_gap(ours, theirs) <= 1e-5 and np.abs(ours - theirs).max() < 1e-5
+    again = SentenceEncoder.from_pretrained(tmp_path)
+    assert (again.pooling, again.normalize, again.max_seq_length) == (pooling, pooling == "mean", 48)
+    hf = transformers.AutoModel.from_pretrained(str(tmp_path)).eval()
+    enc = transformers.AutoTokenizer.from_pretrained(str(tmp_path))(sentences[:5], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = hf(**enc).last_hidden_state
+    vectors = pool(hidden, enc["attention_mask"], pooling)
+    if pooling == "mean":
+        vectors = torch.nn.functional.normalize(vectors, dim=-1)
+    assert np.abs(vectors.numpy() - ours[:5]).max() < 1e-5
+
+
+def test_pretrained_tiny_model_round_trip(tmp_path, corpus_file, tokenizer_dir):
+    """Pretrain a tiny model, save it as a sentence-transformers directory, read it back everywhere."""
+    from unmask.train.pretrain import PretrainArgs, pretrain
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2,
+                                  "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}))
+    pretrain(PretrainArgs(train_file=[str(corpus_file)], output_dir=str(tmp_path / "mlm"), model_config=str(config),
+                          tokenizer=str(tokenizer_dir), max_seq_length=32, per_device_train_batch_size=8,
+                          max_steps=10, cache_dir=str(tmp_path / "cache"), show_progress=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        encoder = SentenceEncoder.from_pretrained(tmp_path / "mlm")  # an MLM directory: no pooler, mean pooling
+        encoder.save_pretrained(tmp_path / "st")
+        sentences = make_corpus(20, seed=5)
+        theirs = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(sentences, convert_to_numpy=True)
+    ours = encoder.encode(sentences)
+    assert cosine_gap(ours, theirs) <= 1e-5
+    assert np.abs(SentenceEncoder.from_pretrained(tmp_path / "st").encode(sentences) - ours).max() == 0
+
+
+def test_clear_errors_for_directories_that_do_not_fit(tmp_path, minilm_dir, tokenizer_dir):
+    model_dir = tmp_path / "m"
+    shutil.copytree(minilm_dir, model_dir)
+    (model_dir / "1_Pooling" / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"1_Pooling/config.json: missing"):
+        SentenceEncoder.from_pretrained(model_dir)
+    shutil.rmtree(model_dir)
+    torch.manual_seed(0)
+    small = BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=64))
+    small.save_pretrained(model_dir)
+    for name in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"]:
+        shutil.copy(tokenizer_dir / name, model_dir / name)  # 300 tokens, but only 100 embedding rows
+    with pytest.raises(CheckpointError, match="tokenizer has 300 tokens but the model's embedding has 100 rows"):
+        SentenceEncoder.from_pretrained(model_dir)
+
+
+def test_embed_command(tmp_path, minilm_dir):
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("A man is playing a guitar.\nSomeone plays music.\nThe stock market fell.\n")
+    out = tmp_path / "vectors.npy"
+    run = [sys.executable, "-m", "unmask.cli", "embed", str(minilm_dir), "--input", str(sentences),
+           "--output", str(out), "--batch_size", "2"]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    vectors = np.load(out)
+    assert vectors.shape == (3, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]  # music is nearer guitar than stocks
+    done = subprocess.run(run + ["--no-normalize"], capture_output=True, text=True, timeout=120)
+    assert not np.allclose(np.linalg.norm(np.load(out), axis=1), 1, atol=1e-3)
+    sentences.write_text("one\n\nthree\n")
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "sentences.txt:2: empty line" in done.stderr

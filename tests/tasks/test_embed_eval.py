@@ -1,0 +1,116 @@
+"""STS and retrieval evaluation: the metric maths, the file formats, and the real STS-B dev against
+sentence-transformers' own evaluator in the same run."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from conftest import shared_data
+from unmask.data.sources import DataError
+from unmask.tasks.embed import SentenceEncoder
+from unmask.tasks.embed_eval import (
+    evaluate_sts,
+    exact_search,
+    pearson,
+    rankdata,
+    read_sts,
+    retrieval_metrics,
+    spearman,
+)
+
+
+def test_rank_and_correlations():
+    assert rankdata(np.array([10.0, 20.0, 10.0, 30.0])).tolist() == [1.5, 3.0, 1.5, 4.0]
+    x = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert math.isclose(spearman(x, x ** 3), 1.0) and math.isclose(pearson(x, 2 * x + 1), 1.0)
+    assert math.isclose(spearman(x, -x), -1.0)
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 6, 300).astype(float), rng.normal(size=300)  # many ties in a
+    assert math.isclose(spearman(a, b), scipy_stats.spearmanr(a, b).statistic, abs_tol=1e-12)
+    assert math.isclose(pearson(a, b), scipy_stats.pearsonr(a, b).statistic, abs_tol=1e-12)
+
+
+def test_retrieval_metrics_by_hand():
+    relevance = {"q1": {"d1": 1, "d3": 2}, "q2": {"d4": 1}}
+    ranked = [["d2", "d3", "d1"], ["d1", "d2", "d3"]]
+    m = retrieval_metrics(ranked, ["q1", "q2"], relevance)
+    ndcg_q1 = (2 / math.log2(3) + 1 / math.log2(4)) / (2 + 1 / math.log2(3))
+    assert math.isclose(m["ndcg@10"], ndcg_q1 / 2) and math.isclose(m["mrr@10"], 0.25)
+    assert math.isclose(m["recall@100"], 0.5) and m["queries"] == 2
+
+
+def test_exact_search_batches():
+    rng = np.random.default_rng(1)
+    docs, queries = rng.normal(size=(50, 8)).astype(np.float32), rng.normal(size=(7, 8)).astype(np.float32)
+    top = exact_search(queries, docs, k=5, batch_size=3)
+    assert top.tolist() == np.argsort(-(queries @ docs.T), axis=1)[:, :5].tolist()
+
+
+def test_sts_formats(tmp_path):
+    release = tmp_path / "sts.csv"
+    release.write_text("main-news\tMSRvid\t2012test\t0001\t5.000\tA man plays.\tA man is playing.\textra\n"
+                       "main-news\tMSRvid\t2012test\t0002\t0.5\tA cat.\tThe economy.\n")
+    first, second, scores = read_sts(release)
+    assert first == ["A man plays.", "A cat."] and second[1] == "The economy." and scores.tolist() == [5.0, 0.5]
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("left\tright\tgold\nA man plays.\tA man is playing.\t4.5\n")
+    assert read_sts(tsv, "left", "right", "gold")[2].tolist() == [4.5]
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text(json.dumps({"s1": "a", "s2": "b", "label": 1}) + "\n")
+    assert read_sts(jsonl, "s1", "s2", "label")[0] == ["a"]
+    with pytest.raises(DataError, match="has no column 'wrong'"):
+        read_sts(jsonl, "s1", "s2", "wrong")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("only\tthree\tfields\n")
+    with pytest.raises(DataError, match="bad.csv:1: expected 7 tab-separated fields"):
+        read_sts(bad)
+
+
+def test_sts_benchmark_dev_spearman_equals_sentence_transformers(minilm_dir):
+    st = pytest.importorskip("sentence_transformers")
+    first, second, scores = read_sts(shared_data("stsb", "sts-dev.csv"))
+    ours = evaluate_sts(SentenceEncoder.from_pretrained(minilm_dir), first, second, scores)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = st.SentenceTransformer(str(minilm_dir), device="cpu")
+        a = model.encode(first, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
+        b = model.encode(second, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
+    scipy_stats = pytest.importorskip("scipy.stats")
+    theirs = scipy_stats.spearmanr((a * b).sum(1), scores).statistic
+    assert ours["pairs"] == 1500
+    assert round(ours["spearman"], 4) == round(float(theirs), 4), (ours["spearman"], theirs)
+    assert 0.85 < ours["spearman"] < 0.90  # all-MiniLM-L6-v2 on STS-B dev
+
+
+def test_eval_commands(tmp_path, minilm_dir):
+    sts = tmp_path / "sts.csv"
+    rows = [("A man is playing a guitar.", "A man plays the guitar.", 4.8), ("A dog runs.", "A cat sleeps.", 1.0),
+            ("The market fell.", "Stocks dropped sharply.", 4.0), ("A woman cooks.", "The train is late.", 0.0)]
+    sts.write_text("".join(f"g\tf\ty\t{i}\t{s}\t{a}\t{b}\n" for i, (a, b, s) in enumerate(rows)))
+    run = [sys.executable, "-m", "unmask.cli", "eval", "sts", "--model", str(minilm_dir), "--file", str(sts), "--json"]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert set(result) == {"spearman", "pearson", "pairs"} and result["pairs"] == 4 and result["spearman"] > 0.7
+
+    corpus, queries, qrels = tmp_path / "corpus.jsonl", tmp_path / "queries.jsonl", tmp_path / "qrels.tsv"
+    docs = {"d1": "Guitars have six strings and are played by plucking.", "d2": "The stock market fell on Monday.",
+            "d3": "Cats sleep for most of the day.", "d4": "Trains in the north are often late."}
+    corpus.write_text("".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n" for k, v in docs.items()))
+    queries.write_text(json.dumps({"_id": "q1", "text": "how many strings does a guitar have"}) + "\n" +
+                       json.dumps({"_id": "q2", "text": "why was the train delayed"}) + "\n")
+    qrels.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td4\t1\n")
+    run = [sys.executable, "-m", "unmask.cli", "eval", "retrieval", "--model", str(minilm_dir), "--corpus",
+           str(corpus), "--queries", str(queries), "--qrels", str(qrels), "--json"]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result == {"ndcg@10": 1.0, "recall@100": 1.0, "mrr@10": 1.0, "queries": 2}
