@@ -72,9 +72,11 @@ _HELP = {
 }
 
 
-def _add_dataclass_flags(parser: argparse.ArgumentParser, cls) -> None:
+def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
     """One snake_case flag per field of a dataclass of arguments; required when the field has no default."""
     for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
         flag, kind = f"--{f.name}", str(f.type)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = None if required else (f.default_factory() if f.default is dataclasses.MISSING else f.default)
@@ -89,22 +91,65 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls) -> None:
             parser.add_argument(flag, type=convert, required=required, default=default, help=help_text)
 
 
+def _args_of(cls, args):
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+
+
+def _run_finetune(args) -> None:
+    from unmask.tasks.finetune import FinetuneArgs, finetune
+
+    print(json.dumps(finetune(_args_of(FinetuneArgs, args)), indent=2))
+
+
+def _run_eval_task(args) -> None:
+    from unmask.hub import load_tokenizer
+    from unmask.tasks.finetune import FinetuneArgs, evaluate_task, load_head_model, load_task_data
+
+    model = load_head_model(args.task, args.model)
+    tokenizer = load_tokenizer(args.model, model.config)
+    options = FinetuneArgs(task=args.task, model=args.model, train_file=args.file, output_dir=".",
+                           text_column=args.text_column, text_pair_column=args.text_pair_column,
+                           label_column=args.label_column, max_seq_length=args.max_seq_length,
+                           regression=model.config.num_labels == 1, label_scale=args.label_scale)
+    data, _ = load_task_data(options, tokenizer, args.file, None if options.regression else model.config.label2id)
+    result = evaluate_task(args.task, model, data, tokenizer.pad_token_id, args.batch_size)
+    print(json.dumps(result) if args.json else "  ".join(f"{k} {v:.4f}" for k, v in result.items()
+                                                          if isinstance(v, float)))
+
+
+def _run_predict(args) -> None:
+    from unmask.hub import load_tokenizer
+    from unmask.tasks.finetune import load_head_model
+    from unmask.tasks.predict import predict_classify, predict_rerank
+    from unmask.tasks.tag import predict_entities
+
+    model = load_head_model("pair" if args.task == "rerank" else args.task, args.model)
+    tokenizer = load_tokenizer(args.model, model.config)
+    if args.task == "classify":
+        result = predict_classify(model, tokenizer, args.texts, top_k=args.top_k)
+    elif args.task == "tag":
+        result = predict_entities(model, tokenizer, args.texts)
+    else:
+        if len(args.texts) < 2:
+            raise ValueError("rerank needs a query and at least one document: predict rerank QUERY DOC [DOC ...]")
+        result = predict_rerank(model, tokenizer, args.texts[0], args.texts[1:])
+    print(json.dumps(result if len(args.texts) > 1 or args.task == "rerank" else result[0]))
+
+
 def _run_pretrain(args) -> None:
     from unmask.train.pretrain import pretrain
 
-    fields = {f.name for f in dataclasses.fields(PretrainArgs)}
-    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
-    result = pretrain(PretrainArgs(**values))
-    print(json.dumps(result, indent=2))
+    print(json.dumps(pretrain(_args_of(PretrainArgs, args)), indent=2))
 
 
 def _run_eval_mlm(args) -> None:
     from unmask.data.pretraining import PackedDataset, build_token_cache
     from unmask.hub import load_tokenizer
-    from unmask.models.bert import BertForMaskedLM
+    from unmask.models import from_pretrained
     from unmask.train.pretrain import default_cache_root, evaluate_mlm
 
-    model = BertForMaskedLM.from_pretrained(args.model)
+    model = from_pretrained(args.model, "masked-lm")
     tokenizer = load_tokenizer(args.model, model.config)
     cache = build_token_cache(args.file, tokenizer, default_cache_root(), args.text_field, show_progress=False)
     data = PackedDataset.from_cache(cache, tokenizer, args.max_seq_length)
@@ -119,10 +164,10 @@ def _run_eval_mlm(args) -> None:
 
 def _run_fill_mask(args) -> None:
     from unmask.hub import load_tokenizer
-    from unmask.models.bert import BertForMaskedLM
+    from unmask.models import from_pretrained
     from unmask.serve.fill_mask import fill_mask
 
-    model = BertForMaskedLM.from_pretrained(args.model)
+    model = from_pretrained(args.model, "masked-lm")
     tokenizer = load_tokenizer(args.model, model.config)
     results = fill_mask(model, tokenizer, args.texts, top_k=args.top_k)
     if args.json:
@@ -212,6 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataclass_flags(pretrain, PretrainArgs)
     pretrain.set_defaults(run=_run_pretrain)
 
+    from unmask.tasks.finetune import HEAD_TASKS, TASKS, FinetuneArgs
+
+    finetune = commands.add_parser("finetune", help="fine-tune a head: classify, pair or tag")
+    finetune.add_argument("task", choices=TASKS)
+    _add_dataclass_flags(finetune, FinetuneArgs, skip=("task",))
+    finetune.set_defaults(run=_run_finetune)
+
+    predict = commands.add_parser("predict", help="predictions of a fine-tuned model")
+    predict.add_argument("task", choices=["classify", "tag", "rerank"])
+    predict.add_argument("--model", required=True)
+    predict.add_argument("texts", nargs="+", help="texts (rerank: the query, then the documents)")
+    predict.add_argument("--top_k", type=int, default=1, help="classify: how many labels to return")
+    predict.set_defaults(run=_run_predict)
+
     evaluate = commands.add_parser("eval", help="evaluate a model")
     eval_commands = evaluate.add_subparsers(dest="eval_command", required=True)
     mlm = eval_commands.add_parser("mlm", help="masked-LM loss, accuracy and perplexity on a text file")
@@ -225,6 +284,18 @@ def build_parser() -> argparse.ArgumentParser:
     mlm.add_argument("--seed", type=int, default=0, help="masking seed (fixed: comparable across models)")
     mlm.add_argument("--json", action="store_true")
     mlm.set_defaults(run=_run_eval_mlm)
+    for task in HEAD_TASKS:
+        sub = eval_commands.add_parser(task, help=f"metrics of a fine-tuned {task} model on a labelled file")
+        sub.add_argument("--model", required=True)
+        sub.add_argument("--file", required=True)
+        sub.add_argument("--text_column", default="sentence" if task == "classify" else "sentence1")
+        sub.add_argument("--text_pair_column", default="sentence2" if task == "pair" else None)
+        sub.add_argument("--label_column", default="label")
+        sub.add_argument("--label_scale", type=float, default=1.0)
+        sub.add_argument("--max_seq_length", type=int, default=128)
+        sub.add_argument("--batch_size", type=int, default=64)
+        sub.add_argument("--json", action="store_true")
+        sub.set_defaults(run=_run_eval_task, task=task)
 
     sts = eval_commands.add_parser("sts", help="Spearman / Pearson of embedding cosine against gold scores")
     sts.add_argument("--model", required=True, help="a sentence-transformers or HF encoder directory")

@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from unmask.config import BertConfig, ConfigError
+from unmask.config import BertConfig, ConfigError, config_from_dict, read_config_json
 
 WEIGHTS_NAME = "model.safetensors"
 LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
@@ -67,13 +67,16 @@ def save_pretrained(model: torch.nn.Module, output_dir: str | Path, tokenizer=No
     return output_dir
 
 
-def read_config(path: Path) -> BertConfig:
+def read_config(path: Path):
+    """The config of a model directory, as the dataclass of its `model_type` (bert, modernbert)."""
     config_file = path / "config.json"
     if not config_file.exists():
         raise CheckpointError(f"{config_file}: missing (not a model directory?)")
     try:
-        return BertConfig.from_json_file(config_file)
+        return config_from_dict(read_config_json(config_file), str(config_file))
     except ConfigError as e:
+        raise CheckpointError(f"{e}") from e
+    except TypeError as e:  # a key of the wrong kind for the dataclass
         raise CheckpointError(f"{config_file}: {e}") from e
 
 
@@ -92,13 +95,16 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _align_prefix(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Map a bare encoder's keys onto a model with a head (`embeddings.` -> `bert.embeddings.`) and back."""
+    """Map a bare encoder's keys onto a model with a head (`embeddings.` -> `bert.embeddings.`), and a headed
+    checkpoint's encoder onto a bare encoder (`model.layers.` -> `layers.`)."""
     base = getattr(model, "base_model_prefix", None)
     expected = model.state_dict().keys()
     if base and not any(k.startswith(base + ".") for k in state):
         return {f"{base}.{k}": v for k, v in state.items()}
-    if base is None and any(k.startswith("bert.") for k in state) and not any(k.startswith("bert.") for k in expected):
-        return {k[len("bert."):]: v for k, v in state.items() if k.startswith("bert.")}
+    if base is None and not any(k in expected for k in state):
+        for prefix in ("bert.", "model.", "electra."):
+            if any(k.startswith(prefix) and k[len(prefix):] in expected for k in state):
+                return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
     return state
 
 
@@ -133,6 +139,10 @@ def from_pretrained(model_class, path: str | Path, **config_overrides):
     if not path.is_dir():
         raise CheckpointError(f"{path}: model directory not found")
     config = read_config(path)
+    expected = getattr(model_class, "config_class", None)
+    if expected is not None and not isinstance(config, expected):
+        raise CheckpointError(f"{path}: a {config.model_type} model cannot be loaded as {model_class.__name__}; "
+                              f"use unmask.models.from_pretrained(path, task)")
     for key, value in config_overrides.items():
         setattr(config, key, value)
     model = model_class(config)

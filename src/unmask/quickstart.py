@@ -10,7 +10,7 @@ from pathlib import Path
 
 from unmask.demo import sample_sentence
 from unmask.hub import load_tokenizer
-from unmask.models.bert import BertForMaskedLM
+from unmask.models import from_pretrained
 from unmask.serve.fill_mask import fill_mask
 from unmask.train.pretrain import PretrainArgs, pretrain
 
@@ -50,7 +50,7 @@ def quickstart(output_dir: str | Path = "runs/quickstart", seed: int = 0, max_st
     minutes = (time.perf_counter() - start) / 60
     print(f"\npretrained in {minutes:.1f} min: validation masked-token accuracy {result['eval_accuracy']:.3f},"
           f" perplexity {result['eval_perplexity']:.2f}  -> {model_dir}\n")
-    model = BertForMaskedLM.from_pretrained(model_dir)
+    model = from_pretrained(model_dir, "masked-lm")
     tokenizer = load_tokenizer(model_dir, model.config)
     right = 0
     for (text, answer), candidates in zip(PROBES, fill_mask(model, tokenizer, [t for t, _ in PROBES], top_k=3)):

@@ -58,10 +58,12 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
-    def encode_batch(self, texts: Sequence[str] | Sequence[tuple[str, str]],
-                     add_special_tokens: bool = True) -> list[Encoding]:
-        """Encode in parallel (Rust threads); each `Encoding` has `.ids`, `.word_ids`, `.offsets`, `.type_ids`."""
-        return self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+    def encode_batch(self, texts: Sequence[str] | Sequence[tuple[str, str]] | Sequence[list[str]],
+                     add_special_tokens: bool = True, is_pretokenized: bool = False) -> list[Encoding]:
+        """Encode in parallel (Rust threads); each `Encoding` has `.ids`, `.word_ids`, `.offsets`, `.type_ids`.
+        With `is_pretokenized`, each input is a list of words (CoNLL tokens) and `word_ids` index them."""
+        return self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens,
+                                         is_pretokenized=is_pretokenized)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids

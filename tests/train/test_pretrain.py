@@ -143,3 +143,17 @@ def test_bf16_autocast_trains_and_exports_fp32(setup):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     assert rows[-1]["loss"] < rows[0]["loss"] and result["eval_loss"] < 5.7
     assert all(t.dtype == torch.float32 for t in load_file(str(out / "model.safetensors")).values())
+
+
+def test_modernbert_pretrains_and_loads_in_transformers(setup):
+    transformers = pytest.importorskip("transformers")
+    config = setup["root"] / "modern.json"
+    config.write_text(json.dumps({"model_type": "modernbert", "hidden_size": 32, "num_hidden_layers": 3,
+                                  "num_attention_heads": 2, "intermediate_size": 48, "local_attention": 8,
+                                  "max_position_embeddings": 64}))
+    out = setup["root"] / "modern"
+    result = pretrain(args_for(setup, out, model_config=str(config), max_steps=40, learning_rate=5e-3))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5 and result["eval_accuracy"] > 0.05
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(str(out)).eval()
+    assert type(hf).__name__ == "ModernBertForMaskedLM" and hf.config.pad_token_id == 0

@@ -7,8 +7,6 @@ Shapes: B batch, T tokens, H hidden, nh heads, hd head dim, V vocabulary, N labe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -16,6 +14,13 @@ import torch.nn.functional as F
 from unmask.config import BertConfig
 from unmask.data.masking import IGNORE_INDEX
 from unmask.hub import HubMixin
+from unmask.models.outputs import (
+    ClassifierOutput,
+    EncoderOutput,
+    MaskedLMOutput,
+    check_inputs,
+    classification_loss,
+)
 from unmask.objectives.mlm import mlm_loss
 
 ACTIVATIONS = {
@@ -24,19 +29,6 @@ ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
 }
-
-
-@dataclass
-class EncoderOutput:
-    last_hidden_state: torch.Tensor  # (B, T, H)
-    pooler_output: torch.Tensor | None = None  # (B, H)
-
-
-@dataclass
-class MaskedLMOutput:
-    loss: torch.Tensor | None
-    logits: torch.Tensor  # (B, T, V) without labels; (N, V) at the labelled positions with labels
-    labelled_positions: torch.Tensor | None = None  # (B, T) bool: where the N rows of logits come from
 
 
 class BertEmbeddings(nn.Module):
@@ -161,20 +153,9 @@ def init_weights(module: nn.Module, std: float) -> None:
         nn.init.zeros_(module.bias)
 
 
-def check_inputs(config: BertConfig, input_ids: torch.Tensor) -> None:
-    """Clear errors instead of an index error deep inside an embedding lookup."""
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
-    if input_ids.shape[1] > config.max_position_embeddings:
-        raise ValueError(f"input of {input_ids.shape[1]} tokens is longer than the model's context of "
-                         f"{config.max_position_embeddings} (max_position_embeddings); chunk or truncate it first")
-    if input_ids.numel() and (int(input_ids.max()) >= config.vocab_size or int(input_ids.min()) < 0):
-        raise ValueError(f"token id {int(input_ids.max())} is outside the model's vocabulary of {config.vocab_size}:"
-                         " the tokenizer does not match the model")
-
-
 class BertModel(HubMixin, nn.Module):
     base_model_prefix = None  # this *is* the encoder
+    config_class = BertConfig
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
@@ -238,6 +219,7 @@ class BertForMaskedLM(HubMixin, nn.Module):
     """
 
     base_model_prefix = "bert"
+    config_class = BertConfig
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -259,3 +241,44 @@ class BertForMaskedLM(HubMixin, nn.Module):
         labelled = labels != IGNORE_INDEX  # (B, T)
         logits = self.cls(x[labelled])  # (N, V): the vocabulary projection only where a label is
         return MaskedLMOutput(mlm_loss(logits, labels[labelled]), logits, labelled)
+
+
+class _BertClassifier(HubMixin, nn.Module):
+    """BERT plus dropout and a linear classifier, HF-named; the subclasses choose what the classifier reads."""
+
+    base_model_prefix = "bert"
+    config_class = BertConfig
+    pooled = True  # the sequence head reads the pooler; the token head has none (as in HF)
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=self.pooled)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+
+class BertForSequenceClassification(_BertClassifier):
+    """A linear head on the pooled `[CLS]` vector: classification, or regression when `num_labels == 1`."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
+        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output  # (B, H)
+        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
+        loss = None if labels is None else classification_loss(logits, labels, self.config.num_labels)
+        return ClassifierOutput(loss, logits)
+
+
+class BertForTokenClassification(_BertClassifier):
+    """A linear head on every token (tagging); labels are -100 where a token is not scored."""
+
+    pooled = False
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ClassifierOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
+        logits = self.classifier(self.dropout(hidden))  # (B, T, num_labels)
+        loss = None if labels is None else classification_loss(logits, labels, self.config.num_labels)
+        return ClassifierOutput(loss, logits)

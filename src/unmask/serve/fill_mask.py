@@ -41,9 +41,10 @@ def fill_mask(model, tokenizer, texts: str | list[str], top_k: int = 5, batch_si
         chunk = encodings[start : start + batch_size]
         ids, attention_mask = pad_batch([e.ids for e in chunk], tokenizer.pad_token_id)
         types, _ = pad_batch([e.type_ids for e in chunk], 0)
-        hidden = model.bert(ids, attention_mask, types).last_hidden_state  # (B, T, H)
         at_mask = ids == tokenizer.mask_token_id  # (B, T)
-        probs = model.cls(hidden[at_mask]).float().softmax(-1)  # (N, V): the head only at the masks
+        # labelling the masks makes the model run its vocabulary projection there only (sparse prediction)
+        out = model(ids, attention_mask, types, labels=torch.where(at_mask, ids, -100))
+        probs = out.logits.float().softmax(-1)  # (N, V), masks in row-major order
         top = probs.topk(min(top_k, probs.shape[-1]))
         rows, cols = at_mask.nonzero(as_tuple=True)
         per_text: list[list] = [[] for _ in chunk]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -19,7 +20,9 @@ from tqdm.auto import tqdm
 
 from unmask.data.collate import pad_batch
 from unmask.hub import CheckpointError, atomic_write_text, load_tokenizer, load_weights, read_config, read_weights
+from unmask.models import model_class
 from unmask.models.bert import BertModel
+from unmask.objectives.contrastive import cosent_loss, in_batch_negatives_loss
 
 POOLING_MODES = ("mean", "cls", "max")
 _POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
@@ -85,7 +88,7 @@ class SentenceEncoder:
         >>> vectors = encoder.encode(["A man is playing a guitar.", "Someone plays music."])  # (2, 384) float32
     """
 
-    def __init__(self, model: BertModel, tokenizer, pooling: str = "mean", normalize: bool = False,
+    def __init__(self, model, tokenizer, pooling: str = "mean", normalize: bool = False,
                  max_seq_length: int | None = None):
         if pooling not in POOLING_MODES:
             raise ValueError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
@@ -109,8 +112,10 @@ class SentenceEncoder:
         layout = read_sentence_transformers_layout(path)
         config = read_config(path)
         state = read_weights(path)
-        has_pooler = any(k.endswith("pooler.dense.weight") for k in state)
-        model = BertModel(config, add_pooling_layer=has_pooler)
+        if config.model_type == "bert":  # keep the pooler only when the checkpoint has one (embeddings ignore it)
+            model = BertModel(config, add_pooling_layer=any(k.endswith("pooler.dense.weight") for k in state))
+        else:
+            model = model_class(config.model_type, "encoder")(config)
         load_weights(model, state, str(path))
         tokenizer = load_tokenizer(path, config)
         length = max_seq_length or layout["max_seq_length"]
@@ -186,3 +191,54 @@ class SentenceEncoder:
         atomic_write_text(output_dir / "config_sentence_transformers.json",
                           json.dumps({"similarity_fn_name": "cosine"}, indent=2) + "\n")
         return output_dir
+
+
+@dataclass
+class PairData:
+    """Text pairs for bi-encoder training; `scores` set means CoSENT (ordered by score), else in-batch negatives."""
+
+    a: list[list[int]]
+    b: list[list[int]]
+    scores: list[float] | None
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def collate(self, indices, pad_token_id: int) -> dict[str, torch.Tensor]:
+        input_ids, attention_mask = pad_batch([self.a[i] for i in indices], pad_token_id)
+        input_ids_b, attention_mask_b = pad_batch([self.b[i] for i in indices], pad_token_id)
+        if self.scores is not None:
+            labels = torch.tensor([self.scores[i] for i in indices], dtype=torch.float32)
+        else:  # a_i's positive is b_i
+            labels = torch.arange(len(indices))
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "input_ids_b": input_ids_b,
+                "attention_mask_b": attention_mask_b, "labels": labels}
+
+
+@dataclass
+class _LossOutput:
+    loss: torch.Tensor
+
+
+class BiEncoder(torch.nn.Module):
+    """The training view of a SentenceEncoder: two batches of texts in, a contrastive loss out."""
+
+    base_model_prefix = "bert"
+
+    def __init__(self, encoder: SentenceEncoder):
+        super().__init__()
+        self.encoder = encoder
+        self.bert = encoder.model  # registered here, so optimiser, DDP and checkpoints see the encoder's weights
+        self.config = encoder.model.config
+
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return pool(self.bert(input_ids, attention_mask).last_hidden_state, attention_mask, self.encoder.pooling)
+
+    def forward(self, input_ids, attention_mask, input_ids_b, attention_mask_b, labels) -> _LossOutput:
+        a, b = self.embed(input_ids, attention_mask), self.embed(input_ids_b, attention_mask_b)  # (B, H) each
+        if labels.is_floating_point():
+            return _LossOutput(cosent_loss(a, b, labels))
+        return _LossOutput(in_batch_negatives_loss(a, b))
+
+    def save_pretrained(self, output_dir, tokenizer=None) -> Path:
+        return self.encoder.save_pretrained(output_dir)

@@ -1,0 +1,95 @@
+"""ModernBERT at long context: forward time and peak memory at 512, 2048 and 8192 tokens.
+
+    python -m benchmarks.long_context [--config modernbert-mini --lengths 512 2048 8192 --png long_context.png]
+
+Each (length, attention layout) runs in a fresh process so its peak resident memory is its own. Three layouts of
+the same model: ModernBERT's alternating local (128-token window) / global layers, every layer global (what a plain
+encoder does), and every layer local. The local layers' cost grows linearly with length; global layers grow
+quadratically, so the alternating model sits between the two curves. Prints a table and draws the curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+LAYOUTS = {"alternating (ModernBERT)": 3, "all global": 1, "all local": 10**6}
+
+
+def measure(config_name: str, length: int, every_n: int, backend: str, repeats: int) -> dict:
+    import torch
+
+    from unmask.config import load_config
+    from unmask.models.modernbert import ModernBertModel
+
+    torch.manual_seed(0)
+    config = load_config(config_name, global_attn_every_n_layers=every_n, max_position_embeddings=max(length, 512))
+    model = ModernBertModel(config).eval()
+    model.attn_backend = backend
+    ids = torch.randint(5, config.vocab_size, (1, length))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):  # the first run warms up
+            start = time.perf_counter()
+            model(ids)
+            times.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"seconds": sorted(times[1:])[len(times[1:]) // 2], "peak_mib": peak / 1024,
+            "activation_mib": (peak - before) / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="modernbert-mini")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--backend", default="sdpa", choices=["sdpa", "varlen"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--png", default=None)
+    parser.add_argument("--one", nargs=2, type=int, help=argparse.SUPPRESS)  # internal: length, every_n
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.config, args.one[0], args.one[1], args.backend, args.repeats)))
+        return
+
+    results: dict[str, dict[int, dict]] = {}
+    for layout, every_n in LAYOUTS.items():
+        results[layout] = {}
+        for length in args.lengths:
+            out = subprocess.run([sys.executable, "-m", "benchmarks.long_context", "--config", args.config,
+                                  "--backend", args.backend, "--repeats", str(args.repeats), "--one", str(length),
+                                  str(every_n)], capture_output=True, text=True, check=True)
+            results[layout][length] = json.loads(out.stdout.strip().splitlines()[-1])
+            r = results[layout][length]
+            print(f"{layout:<26} {length:>6} tokens  {r['seconds']:8.3f} s  peak {r['peak_mib']:8.0f} MiB"
+                  f"  (+{r['activation_mib']:.0f} MiB during the forward)", flush=True)
+    if args.png:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        for layout, rows in results.items():
+            lengths = sorted(rows)
+            left.plot(lengths, [rows[n]["seconds"] for n in lengths], "o-", label=layout)
+            right.plot(lengths, [rows[n]["activation_mib"] for n in lengths], "o-", label=layout)
+        for ax, label in ((left, "forward time (s)"), (right, "memory added by the forward (MiB)")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length (tokens)")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.suptitle(f"{args.config}, batch 1, {args.backend} attention, CPU")
+        fig.tight_layout()
+        fig.savefig(args.png, dpi=110)
+        print(f"figure written to {args.png}")
+
+
+if __name__ == "__main__":
+    main()

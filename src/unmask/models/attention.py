@@ -1,0 +1,101 @@
+"""Attention kernels as functions, chosen at run time; none owns parameters, so switching never changes a model.
+
+    sdpa    padded (B, nh, T, hd) tensors, a boolean mask (padding, and the band for sliding-window layers);
+            torch's scaled_dot_product_attention, runs everywhere
+    varlen  unpadded (N, nh, hd) tensors with cu_seqlens: FlashAttention's varlen kernel where it is installed and
+            the tensors are on a GPU, otherwise the same computation one sequence at a time through SDPA
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:  # optional, GPU only
+    from flash_attn import flash_attn_varlen_func
+except ImportError:  # pragma: no cover - depends on the machine
+    flash_attn_varlen_func = None
+
+
+def band_mask(T: int, window: int | None, device) -> torch.Tensor | None:
+    """(T, T) True where |i - j| <= window // 2 (a sliding window of `window` tokens); None for global layers."""
+    if window is None:
+        return None
+    idx = torch.arange(T, device=device)
+    return (idx[None, :] - idx[:, None]).abs() <= window // 2
+
+
+def padded_mask(attention_mask: torch.Tensor | None, T: int, window: int | None, device) -> torch.Tensor | None:
+    """(B, 1, T or 1, T) boolean mask combining key padding and the sliding-window band; None if nothing masks."""
+    band = band_mask(T, window, device)
+    keys = None
+    if attention_mask is not None and not bool(attention_mask.all()):
+        keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+    if band is None:
+        return keys
+    return band[None, None] if keys is None else keys & band[None, None]
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+         dropout_p: float = 0.0) -> torch.Tensor:
+    """(B, nh, T, hd) each -> (B, nh, T, hd)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+def sliding_window_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                        attention_mask: torch.Tensor | None = None, dropout_p: float = 0.0) -> torch.Tensor:
+    """Attention within |i - j| <= window // 2 in time and memory linear in T: queries in blocks of `window`
+    tokens, each block against the 2 x `window` keys around it. (B, nh, T, hd) each -> (B, nh, T, hd).
+
+    `attention_mask` (B, T), 1 = real token. Rows of padding queries may attend anywhere in their block, so no
+    row is empty (an empty row would give NaN, and NaN gradients)."""
+    B, nh, T, hd = q.shape
+    half, block = window // 2, window
+    n_blocks = -(-T // block)
+    tail = n_blocks * block - T
+    qb = F.pad(q, (0, 0, 0, tail)).view(B, nh, n_blocks, block, hd)
+    span = block + 2 * half  # the keys a block of queries can see
+    kb, vb = (F.pad(t, (0, 0, half, tail + half)).unfold(2, span, block).transpose(-1, -2) for t in (k, v))
+    # (B, nh, n_blocks, span, hd): key b of block n sits at absolute position n * block - half + b
+    key_pos = torch.arange(n_blocks, device=q.device)[:, None] * block - half + torch.arange(span, device=q.device)
+    key_ok = (key_pos >= 0) & (key_pos < T)  # (n_blocks, span)
+    key_ok = key_ok[None].expand(B, -1, -1)
+    if attention_mask is not None:
+        real = F.pad(attention_mask.bool(), (half, tail + half)).unfold(1, span, block)  # (B, n_blocks, span)
+        key_ok = key_ok & real
+    a = torch.arange(block, device=q.device)[:, None]
+    b = torch.arange(span, device=q.device)[None, :]
+    band = (b - a >= 0) & (b - a <= 2 * half)  # |query - key| <= half in block coordinates
+    mask = band[None, None] & key_ok[:, :, None, :]  # (B, n_blocks, block, span)
+    query_real = torch.arange(n_blocks * block, device=q.device) < T
+    if attention_mask is not None:
+        query_real = query_real & F.pad(attention_mask.bool(), (0, tail))
+    mask = mask | ~query_real.view(-1 if attention_mask is not None else 1, n_blocks, block)[..., None]
+    out = sdpa(qb, kb, vb, mask[:, None], dropout_p)  # (B, nh, n_blocks, block, hd)
+    return out.reshape(B, nh, n_blocks * block, hd)[:, :, :T]
+
+
+def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+           window: int | None = None, dropout_p: float = 0.0) -> torch.Tensor:
+    """(N, nh, hd) each, sequences delimited by cu_seqlens -> (N, nh, hd); no token attends across sequences."""
+    if flash_attn_varlen_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        half = window // 2 if window is not None else -1
+        return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                      dropout_p=dropout_p, window_size=(half, half))
+    out = torch.empty_like(q)
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        # (1, nh, L, hd): one sequence, no padding, so SDPA can take its fastest kernel on global layers
+        qs, ks, vs = (t[start:end].transpose(0, 1)[None] for t in (q, k, v))
+        out[start:end] = local_or_global(qs, ks, vs, window, None, dropout_p)[0].transpose(0, 1)
+    return out
+
+
+def local_or_global(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
+                    attention_mask: torch.Tensor | None, dropout_p: float = 0.0) -> torch.Tensor:
+    """Padded attention for one layer: global, or sliding-window (blocked once T exceeds two windows, where the
+    dense band would cost more than the blocks). (B, nh, T, hd) each -> (B, nh, T, hd)."""
+    T = q.shape[2]
+    if window is not None and T > 2 * window:
+        return sliding_window_sdpa(q, k, v, window, attention_mask, dropout_p)
+    return sdpa(q, k, v, padded_mask(attention_mask, T, window, q.device), dropout_p)

@@ -1,0 +1,256 @@
+"""Fine-tuning end to end on small synthetic tasks, label alignment, truncation, exports that transformers reads."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from unmask.config import BertConfig
+from unmask.data.sources import DataError
+from unmask.models.bert import BertForSequenceClassification, BertForTokenClassification, BertModel
+from unmask.tasks.classify import _truncate, build_label_map, encode_texts
+from unmask.tasks.finetune import FinetuneArgs, finetune
+from unmask.tasks.tag import align, tag_label_map
+
+transformers = pytest.importorskip("transformers")
+
+POSITIVE = ["celebrated", "painted", "discovered", "remembered", "photographed"]
+NEGATIVE = ["abandoned", "misunderstood", "broke", "lost", "forgot"]
+NAMES = ["Alice", "Bruno", "Chen", "Dmitri", "Esther"]
+PLACES = [["Lisbon"], ["New", "York"], ["Osaka"], ["Cape", "Town"]]
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory, tokenizer):
+    """A small random encoder with its tokenizer: what `unmask pretrain` leaves behind, in miniature."""
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    path = tmp_path_factory.mktemp("encoder")
+    BertModel(config).save_pretrained(path, tokenizer=tokenizer)
+    return path
+
+
+def sentiment_rows(n: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        positive = rng.random() < 0.5
+        verb = rng.choice(POSITIVE if positive else NEGATIVE)
+        rows.append((f"the old sailor {verb} the lighthouse by the harbour", "pos" if positive else "neg"))
+    return rows
+
+
+def write_tsv(path, rows):
+    path.write_text("sentence\tlabel\n" + "".join(f"{t}\t{l}\n" for t, l in rows))
+    return path
+
+
+def test_classify_end_to_end_and_transformers_reads_the_result(tmp_path, encoder_dir):
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(400, 0))
+    valid = write_tsv(tmp_path / "valid.tsv", sentiment_rows(100, 1))
+    out = tmp_path / "clf"
+    result = finetune(FinetuneArgs(task="classify", model=str(encoder_dir), train_file=str(train),
+                                   validation_file=str(valid), output_dir=str(out), learning_rate=2e-3,
+                                   num_train_epochs=4, per_device_train_batch_size=16, max_seq_length=32,
+                                   show_progress=False))
+    assert result["eval_accuracy"] >= 0.95, result
+    assert 0 < result["eval_macro_f1"] <= 1 and result["best_step"] % 25 == 0  # evaluated once per epoch (25 steps)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in rows if "eval_accuracy" in r]) == 4
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(str(out)).eval()
+    assert hf.config.id2label == {0: "neg", 1: "pos"}
+    ours = BertForSequenceClassification.from_pretrained(out)
+    text = "the old sailor celebrated the lighthouse by the harbour"
+    pipe = transformers.pipeline("text-classification", model=str(out))
+    assert pipe(text)[0]["label"] == "pos"
+    enc = transformers.AutoTokenizer.from_pretrained(str(out))([text], return_tensors="pt")
+    with torch.no_grad():
+        assert (ours(**enc).logits - hf(**enc).logits).abs().max() < 1e-5
+    done = subprocess.run([sys.executable, "-m", "unmask.cli", "predict", "classify", "--model", str(out), text],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)[0]["label"] == "pos"
+    done = subprocess.run([sys.executable, "-m", "unmask.cli", "eval", "classify", "--model", str(out), "--file",
+                           str(valid), "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["accuracy"] == result["eval_accuracy"]
+
+
+def test_early_stopping_keeps_the_best_epoch(tmp_path, encoder_dir):
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(64, 2))
+    valid = write_tsv(tmp_path / "valid.tsv", sentiment_rows(64, 3))
+    result = finetune(FinetuneArgs(task="classify", model=str(encoder_dir), train_file=str(train),
+                                   validation_file=str(valid), output_dir=str(tmp_path / "es"), learning_rate=1e-6,
+                                   num_train_epochs=20, per_device_train_batch_size=16, early_stopping_patience=2,
+                                   show_progress=False))
+    assert result["stopped_by"] == "early stopping" and result["step"] < 20 * 4
+
+
+def conll_sentences(n: int, seed: int) -> list[list[tuple[str, str]]]:
+    rng = random.Random(seed)
+    sentences = []
+    for _ in range(n):
+        place = rng.choice(PLACES)
+        words = [("yesterday", "O"), (rng.choice(NAMES), "B-PER"), ("travelled", "O"), ("to", "O")]
+        words += [(w, ("B-LOC" if i == 0 else "I-LOC")) for i, w in enumerate(place)]
+        words += [("with", "O"), (rng.choice(NAMES), "B-PER"), (".", "O")]
+        sentences.append(words)
+    return sentences
+
+
+def write_conll(path, sentences):
+    lines = ["-DOCSTART- -X- -X- O", ""]
+    for sentence in sentences:
+        lines += [f"{w} NN B-NP {t}" for w, t in sentence] + [""]
+    path.write_text("\n".join(lines))
+    return path
+
+
+def test_label_alignment_first_piece(tokenizer):
+    words = ["Unbelievable", "storm", "reorganised", "Lisbon"]
+    tags = ["O", "O", "B-MISC", "B-LOC"]
+    label2id = tag_label_map([tags])
+    assert label2id == {"O": 0, "B-LOC": 1, "B-MISC": 2}
+    data = align(tokenizer, [words], [tags], label2id, max_length=64)
+    enc = tokenizer.encode_batch([words], is_pretokenized=True)[0]
+    assert len(set(enc.word_ids[1:-1])) < len(enc.ids) - 2, "some word must have several pieces"
+    expected = []
+    previous = None
+    for w in enc.word_ids:
+        expected.append(-100 if w is None or w == previous else label2id[tags[w]])
+        previous = w
+    assert data.labels[0] == expected
+    assert data.labels[0][0] == -100 and data.labels[0][-1] == -100
+    assert [enc.word_ids[p] for p in data.first_piece[0]] == [0, 1, 2, 3]
+
+
+def test_tag_end_to_end(tmp_path, encoder_dir):
+    train = write_conll(tmp_path / "train.txt", conll_sentences(300, 0))
+    valid = write_conll(tmp_path / "valid.txt", conll_sentences(60, 1))
+    out = tmp_path / "ner"
+    result = finetune(FinetuneArgs(task="tag", model=str(encoder_dir), train_file=str(train),
+                                   validation_file=str(valid), output_dir=str(out), learning_rate=3e-3,
+                                   num_train_epochs=4, per_device_train_batch_size=16, max_seq_length=48,
+                                   show_progress=False))
+    assert result["eval_f1"] >= 0.95, result
+    hf = transformers.AutoModelForTokenClassification.from_pretrained(str(out)).eval()
+    ours = BertForTokenClassification.from_pretrained(out)
+    ids = torch.tensor([[2, 10, 11, 12, 3]])
+    with torch.no_grad():
+        assert (ours(ids).logits - hf(ids).logits).abs().max() < 1e-5
+    done = subprocess.run([sys.executable, "-m", "unmask.cli", "predict", "tag", "--model", str(out),
+                           "yesterday Alice travelled to New York with Chen ."],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert [(e["entity_group"], e["word"], e["start"], e["end"]) for e in found] == [
+        ("PER", "Alice", 10, 15), ("LOC", "New York", 29, 37), ("PER", "Chen", 43, 47)]
+
+
+@pytest.mark.xfail(reason="issue 5 in progress: pair task not finished (see notes)", strict=False)
+def test_pair_truncation_matches_transformers(tokenizer_dir, tokenizer):
+    hf = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    a = "the old sailor remembered the lighthouse by the harbour before dawn and after dusk"
+    b = "a letter"
+    for max_length in [8, 12, 16, 40]:
+        ids, types, _ = encode_texts(tokenizer, [a], [b], max_length)
+        theirs = hf(a, b, truncation=True, max_length=max_length)
+        assert ids[0] == theirs["input_ids"] and types[0] == theirs["token_type_ids"], max_length
+    single = tokenizer.encode_batch([a])[0]
+    assert _truncate(single.ids, single.type_ids, 6)[0] == hf(a, truncation=True, max_length=6)["input_ids"]
+
+
+def test_clear_errors(tmp_path, encoder_dir):
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(20, 0))
+    valid = write_tsv(tmp_path / "valid.tsv", [("the sailor painted", "neutral")])
+    args = dict(task="classify", model=str(encoder_dir), train_file=str(train), output_dir=str(tmp_path / "o"),
+                show_progress=False)
+    with pytest.raises(DataError, match="label 'neutral', which the model does not know"):
+        finetune(FinetuneArgs(**args, validation_file=str(valid)))
+    with pytest.raises(DataError, match="no column 'text'"):
+        finetune(FinetuneArgs(**{**args, "text_column": "text"}))
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("sentence\tlabel\n")
+    with pytest.raises(DataError, match="no examples"):
+        finetune(FinetuneArgs(**{**args, "train_file": str(empty)}))
+    assert build_label_map(["10", "9", "1"]) == {"1": 0, "9": 1, "10": 2}
+
+
+def sts_rows(n: int, seed: int) -> list[tuple[str, str, float]]:
+    """Pairs scored 5 when both verbs share a polarity, 0 otherwise."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        first, second = rng.choice(POSITIVE + NEGATIVE), rng.choice(POSITIVE + NEGATIVE)
+        score = 5.0 if (first in POSITIVE) == (second in POSITIVE) else 0.0
+        rows.append((f"the sailor {first} the letter", f"a doctor {second} the road", score))
+    return rows
+
+
+def write_sts(path, rows):
+    path.write_text("".join(f"g\tf\t2012\t{i:04d}\t{s}\t{a}\t{b}\n" for i, (a, b, s) in enumerate(rows)))
+    return path
+
+
+@pytest.mark.xfail(reason="issue 5 in progress: pair task not finished (see notes)", strict=False)
+def test_pair_regression_on_sts_format(tmp_path, encoder_dir):
+    train = write_sts(tmp_path / "sts-train.csv", sts_rows(300, 0))
+    valid = write_sts(tmp_path / "sts-dev.csv", sts_rows(80, 1))
+    with pytest.raises(DataError, match="add --regression"):
+        finetune(FinetuneArgs(task="pair", model=str(encoder_dir), train_file=str(train),
+                              output_dir=str(tmp_path / "x"), show_progress=False))
+    out = tmp_path / "cross"
+    result = finetune(FinetuneArgs(task="pair", model=str(encoder_dir), train_file=str(train),
+                                   validation_file=str(valid), output_dir=str(out), regression=True, label_scale=5,
+                                   learning_rate=2e-3, num_train_epochs=4, per_device_train_batch_size=16,
+                                   show_progress=False))
+    assert result["eval_spearman"] > 0.8, result
+    done = subprocess.run([sys.executable, "-m", "unmask.cli", "predict", "rerank", "--model", str(out),
+                           "the sailor celebrated the letter", "a doctor forgot the road",
+                           "a doctor painted the road"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ranked = json.loads(done.stdout)
+    assert [r["index"] for r in ranked] == [1, 0] and ranked[0]["score"] > ranked[1]["score"]
+
+
+def test_embed_cosent_improves_sts(tmp_path, encoder_dir):
+    from unmask.tasks.embed import SentenceEncoder
+    from unmask.tasks.embed_eval import evaluate_sts, read_sts
+
+    train = write_sts(tmp_path / "sts-train.csv", sts_rows(300, 2))
+    valid = write_sts(tmp_path / "sts-dev.csv", sts_rows(80, 3))
+    before = evaluate_sts(SentenceEncoder.from_pretrained(encoder_dir), *read_sts(valid))["spearman"]
+    out = tmp_path / "bi"
+    result = finetune(FinetuneArgs(task="embed", model=str(encoder_dir), train_file=str(train),
+                                   validation_file=str(valid), output_dir=str(out), learning_rate=1e-3,
+                                   num_train_epochs=3, per_device_train_batch_size=16, show_progress=False))
+    assert result["eval_spearman"] > max(before + 0.3, 0.7), (before, result)
+    st = pytest.importorskip("sentence_transformers")
+    again = SentenceEncoder.from_pretrained(out)
+    sentences = ["the sailor painted the letter", "a doctor lost the road"]
+    theirs = st.SentenceTransformer(str(out), device="cpu").encode(sentences, convert_to_numpy=True)
+    assert abs(again.encode(sentences) - theirs).max() < 1e-5
+
+
+def test_embed_in_batch_negatives_on_unscored_pairs(tmp_path, encoder_dir):
+    pairs = tmp_path / "pairs.jsonl"
+    rng = random.Random(4)
+    lines = []
+    for _ in range(200):
+        verb = rng.choice(POSITIVE + NEGATIVE)
+        name = rng.choice(NAMES)
+        lines.append(json.dumps({"sentence1": f"{name} {verb} the letter", "sentence2": f"the letter {verb} by {name}"}))
+    pairs.write_text("\n".join(lines) + "\n")
+    result = finetune(FinetuneArgs(task="embed", model=str(encoder_dir), train_file=str(pairs),
+                                   output_dir=str(tmp_path / "mnrl"), learning_rate=1e-3, num_train_epochs=2,
+                                   per_device_train_batch_size=16, logging_steps=5, show_progress=False))
+    rows = [json.loads(line) for line in (tmp_path / "mnrl" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["loss"] < rows[0]["loss"] * 0.7, rows
+    assert (tmp_path / "mnrl" / "modules.json").exists() and result["step"] == 26
