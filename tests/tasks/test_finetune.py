@@ -154,15 +154,16 @@ def test_tag_end_to_end(tmp_path, encoder_dir):
         ("PER", "Alice", 10, 15), ("LOC", "New York", 29, 37), ("PER", "Chen", 43, 47)]
 
 
-@pytest.mark.xfail(reason="issue 5 in progress: pair task not finished (see notes)", strict=False)
 def test_pair_truncation_matches_transformers(tokenizer_dir, tokenizer):
     hf = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     a = "the old sailor remembered the lighthouse by the harbour before dawn and after dusk"
     b = "a letter"
-    for max_length in [8, 12, 16, 40]:
-        ids, types, _ = encode_texts(tokenizer, [a], [b], max_length)
-        theirs = hf(a, b, truncation=True, max_length=max_length)
-        assert ids[0] == theirs["input_ids"] and types[0] == theirs["token_type_ids"], max_length
+    c = "the children painted seventeen wooden chairs"
+    for first, second in [(a, b), (b, a), (a, c), (c, a), (c, c)]:  # longer first, second, equal
+        for max_length in [7, 8, 9, 12, 16, 40]:
+            ids, types, _ = encode_texts(tokenizer, [first], [second], max_length)
+            theirs = hf(first, second, truncation=True, max_length=max_length)
+            assert ids[0] == theirs["input_ids"] and types[0] == theirs["token_type_ids"], (first, second, max_length)
     single = tokenizer.encode_batch([a])[0]
     assert _truncate(single.ids, single.type_ids, 6)[0] == hf(a, truncation=True, max_length=6)["input_ids"]
 
@@ -199,7 +200,6 @@ def write_sts(path, rows):
     return path
 
 
-@pytest.mark.xfail(reason="issue 5 in progress: pair task not finished (see notes)", strict=False)
 def test_pair_regression_on_sts_format(tmp_path, encoder_dir):
     train = write_sts(tmp_path / "sts-train.csv", sts_rows(300, 0))
     valid = write_sts(tmp_path / "sts-dev.csv", sts_rows(80, 1))
@@ -209,8 +209,9 @@ def test_pair_regression_on_sts_format(tmp_path, encoder_dir):
     out = tmp_path / "cross"
     result = finetune(FinetuneArgs(task="pair", model=str(encoder_dir), train_file=str(train),
                                    validation_file=str(valid), output_dir=str(out), regression=True, label_scale=5,
-                                   learning_rate=2e-3, num_train_epochs=4, per_device_train_batch_size=16,
+                                   learning_rate=2e-3, num_train_epochs=10, per_device_train_batch_size=16,
                                    show_progress=False))
+    # same polarity or not is an XOR across the two segments: it takes the tiny encoder ~10 epochs (1 s)
     assert result["eval_spearman"] > 0.8, result
     done = subprocess.run([sys.executable, "-m", "unmask.cli", "predict", "rerank", "--model", str(out),
                            "the sailor celebrated the letter", "a doctor forgot the road",

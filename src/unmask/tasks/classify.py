@@ -89,18 +89,27 @@ def encode_texts(tokenizer, texts: list[str], pairs: list[str] | None, max_lengt
 
 
 def _truncate(ids: list[int], types: list[int], max_length: int) -> tuple[list[int], list[int]]:
-    """Drop tokens before each segment's closing [SEP], from the longer segment first."""
+    """Drop tokens before each segment's closing [SEP] so that the whole fits `max_length` (HF's longest_first)."""
     if not any(types):  # one segment: keep [CLS] ... and the final [SEP]
         return ids[: max_length - 1] + ids[-1:], types[:max_length]
     split = types.index(1)
     a, b = ids[1 : split - 1], ids[split:-1]
-    while len(a) + len(b) + 3 > max_length:
-        if len(a) >= len(b):
-            a = a[:-1]
-        else:
-            b = b[:-1]
-    new = [ids[0], *a, ids[split - 1], *b, ids[-1]]
-    return new, [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    keep_a, keep_b = _longest_first(len(a), len(b), max_length - 3)
+    new = [ids[0], *a[:keep_a], ids[split - 1], *b[:keep_b], ids[-1]]
+    return new, [0] * (keep_a + 2) + [1] * (keep_b + 1)
+
+
+def _longest_first(n_a: int, n_b: int, budget: int) -> tuple[int, int]:
+    """How many tokens of each segment to keep: the shorter one whole if the longer can absorb the cut, else the
+    budget split in halves with the odd token to the originally longer segment (the `tokenizers` rule, so that our
+    pairs are token-for-token those of `AutoTokenizer(a, b, truncation=True)`)."""
+    if n_a + n_b <= budget:
+        return n_a, n_b
+    short, long = sorted((n_a, n_b))
+    long = short if short > budget else max(short, budget - short)
+    if short + long > budget:
+        short, long = budget // 2, budget - budget // 2
+    return (long, short) if n_a > n_b else (short, long)
 
 
 def label_ids(values: list, label2id: dict[str, int], path) -> list[int]:
