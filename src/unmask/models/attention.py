@@ -3,13 +3,16 @@
     sdpa    padded (B, nh, T, hd) tensors, a boolean mask (padding, and the band for sliding-window layers);
             torch's scaled_dot_product_attention, runs everywhere
     varlen  unpadded (N, nh, hd) tensors with cu_seqlens: FlashAttention's varlen kernel where it is installed and
-            the tensors are on a GPU, otherwise the same computation one sequence at a time through SDPA
+            the tensors are on a GPU, otherwise one padded SDPA call (the projections around attention, nearly all
+            of the FLOPs, still run on real tokens only)
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from unmask.models.padding import pad_input, padded_positions
 
 try:  # optional, GPU only
     from flash_attn import flash_attn_varlen_func
@@ -82,13 +85,17 @@ def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
         half = window // 2 if window is not None else -1
         return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                       dropout_p=dropout_p, window_size=(half, half))
-    out = torch.empty_like(q)
-    bounds = cu_seqlens.tolist()
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        # (1, nh, L, hd): one sequence, no padding, so SDPA can take its fastest kernel on global layers
-        qs, ks, vs = (t[start:end].transpose(0, 1)[None] for t in (q, k, v))
-        out[start:end] = local_or_global(qs, ks, vs, window, None, dropout_p)[0].transpose(0, 1)
-    return out
+    N, nh, hd = q.shape
+    B, T = len(cu_seqlens) - 1, max_seqlen
+    if N == B * T:  # nothing is padded (packed pretraining): a view, and SDPA without a mask
+        q, k, v = (t.view(B, T, nh, hd).transpose(1, 2) for t in (q, k, v))
+        return local_or_global(q, k, v, window, None, dropout_p).transpose(1, 2).reshape(N, nh, hd)
+    # back to a right-padded batch for one SDPA call: a loop over sequences would be slower on CPU
+    where = padded_positions(cu_seqlens, T)
+    real = torch.zeros(B * T, dtype=torch.bool, device=q.device).index_fill_(0, where, True).view(B, T)
+    q, k, v = (pad_input(t, where, B, T).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+    y = local_or_global(q, k, v, window, real, dropout_p)  # (B, nh, T, hd)
+    return y.transpose(1, 2).reshape(B * T, nh, hd)[where]
 
 
 def local_or_global(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,

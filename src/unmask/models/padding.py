@@ -31,3 +31,10 @@ def positions_in_sequence(cu_seqlens: torch.Tensor) -> torch.Tensor:
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lengths)
     return torch.arange(int(cu_seqlens[-1]), device=cu_seqlens.device) - starts
+
+
+def padded_positions(cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    """(N,) where each concatenated token sits in a right-padded (B, max_seqlen) batch, flattened."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    sequence = torch.repeat_interleave(torch.arange(len(lengths), device=cu_seqlens.device), lengths)
+    return sequence * max_seqlen + positions_in_sequence(cu_seqlens)

@@ -29,6 +29,7 @@ import torch.distributed as torch_dist
 from tqdm.auto import tqdm
 
 from unmask.hub import atomic_write, atomic_write_text, load_weights, read_weights
+from unmask.memory import keep_freed_memory
 from unmask.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from unmask.train.optim import lr_factor, make_optimizer, set_learning_rate
 
@@ -198,6 +199,7 @@ def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, 
     `make_batch(step, size)` returns the collated global step of `size` rows; `generators` are the random sources
     of the data side (the collator's), saved in checkpoints so a resumed run draws the same masks.
     """
+    keep_freed_memory()  # large per-step tensors are reused, not page-faulted in again (see unmask/memory.py)
     output_dir = Path(args.output_dir)
     optimizer = make_optimizer(model, args.learning_rate, args.weight_decay, betas=(0.9, args.adam_beta2))
     state = {"step": 0, "elapsed": 0.0, "best": None, "best_step": None, "bad_evals": 0, "last_eval_step": None}
