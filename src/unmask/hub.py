@@ -116,10 +116,9 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source:
     present_ptrs = {expected[k].data_ptr() for k in state if k in expected}
     missing = [k for k in expected if k not in state and expected[k].data_ptr() not in present_ptrs]
     base = getattr(model, "base_model_prefix", None)
-    missing_base = [k for k in missing if base is None or k.startswith(base + ".")]
-    if base is None:
-        # a bare encoder may skip its pooler (BertForMaskedLM checkpoints have none)
-        missing_base = [k for k in missing_base if not k.startswith("pooler.")]
+    # the pooler counts as a head: BertForMaskedLM (and ELECTRA) checkpoints have none, and a classifier fine-tuned
+    # from them starts it fresh, as transformers does
+    missing_base = [k for k in missing if (base is None or k.startswith(base + ".")) and "pooler." not in k]
     if missing_base:
         raise CheckpointError(f"{source}: missing encoder weights {missing_base[:5]}"
                               f"{' ...' if len(missing_base) > 5 else ''} (a different architecture?)")

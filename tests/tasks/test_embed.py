@@ -51,17 +51,36 @@ def test_minilm_matches_sentence_transformers(minilm_dir, st_model):
     encoder = SentenceEncoder.from_pretrained(minilm_dir)
     assert (encoder.pooling, encoder.normalize, encoder.max_seq_length) == ("mean", True, 256)
     sentences = varied_sentences()
-    with pytest.warns(UserWarning, match="were truncated"):
-        ours = encoder.encode(sentences, batch_size=16)
+    with pytest.warns(UserWarning, match="were truncated"):  # what sentence-transformers does, silently
+        ours = encoder.encode(sentences, batch_size=16, truncation="truncate")
     theirs = st_model.encode(sentences, batch_size=16, convert_to_numpy=True)
     assert ours.shape == (200, 384) and ours.dtype == np.float32
     assert cosine_gap(ours, theirs) <= 1e-5
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
 
 
+def test_long_inputs_are_the_mean_of_their_windows(minilm_dir):
+    encoder = SentenceEncoder.from_pretrained(minilm_dir, max_seq_length=32)
+    text = " ".join(make_corpus(8, seed=3))  # ~100 tokens
+    short = "the sailor painted the lighthouse"
+    windows = encoder.windows([text], stride=8)
+    assert len(windows) >= 3 and all(len(ids) <= 32 for ids in windows.input_ids)
+    # each window embedded on its own (mean pooling, unnormalised), then averaged and normalised
+    with torch.no_grad():
+        window_vectors = [encoder.model(torch.tensor([ids])).last_hidden_state[0].mean(0).numpy()
+                          for ids in windows.input_ids]
+    expected = np.mean(window_vectors, axis=0)
+    expected /= np.linalg.norm(expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # chunking loses nothing, so it does not warn
+        ours = encoder.encode([short, text], stride=8)
+    assert cosine_gap(ours[1:], expected[None]) <= 1e-5
+    assert cosine_gap(ours[:1], encoder.encode([short], truncation="error")) == 0.0  # short inputs: one window
+
+
 def test_truncation_error_mode_and_bad_sentences(minilm_dir):
     encoder = SentenceEncoder.from_pretrained(minilm_dir)
-    with pytest.raises(ValueError, match="exceed max_seq_length 256"):
+    with pytest.raises(ValueError, match="input 0 is 302 tokens, longer than the context of 256"):
         encoder.encode(["word " * 300], truncation="error")
     with pytest.raises(ValueError, match="sentence 1 is empty"):
         encoder.encode(["fine", "  "])

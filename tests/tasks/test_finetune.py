@@ -12,10 +12,11 @@ import torch
 
 from unmask.config import BertConfig
 from unmask.data.sources import DataError
+from unmask.hub import load_tokenizer
 from unmask.models.bert import BertForSequenceClassification, BertForTokenClassification, BertModel
 from unmask.tasks.classify import _truncate, build_label_map, encode_texts
 from unmask.tasks.finetune import FinetuneArgs, finetune
-from unmask.tasks.tag import align, tag_label_map
+from unmask.tasks.tag import align, predict_entities, tag_label_map
 
 transformers = pytest.importorskip("transformers")
 
@@ -81,6 +82,31 @@ def test_classify_end_to_end_and_transformers_reads_the_result(tmp_path, encoder
                            str(valid), "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["accuracy"] == result["eval_accuracy"]
+    check_long_input_classification(ours.eval(), out, text)
+
+
+def check_long_input_classification(model, out, text):
+    """A text past the 64-position context: windows whose logits are averaged (chunk), a warning (truncate), or a
+    clear error."""
+    from unmask.data.windows import make_windows
+    from unmask.tasks.predict import predict_classify
+
+    tokenizer = load_tokenizer(out)
+    long_text = " ".join([text] * 8)
+    enc = tokenizer.encode_batch([long_text])[0]
+    windows = make_windows([(enc.ids, enc.type_ids)], 64, stride=16)
+    n_content = len(enc.ids) - 2
+    assert len(windows) == 1 + -(-(n_content - 62) // (62 - 16)) >= 2  # windows of 62 content tokens, 16 shared
+    with torch.no_grad():
+        logits = torch.stack([model(torch.tensor([ids])).logits[0] for ids in windows.input_ids]).mean(0)
+    [[chunked]] = predict_classify(model, tokenizer, [long_text], stride=16)
+    expected = logits.softmax(-1)
+    assert chunked["label"] == model.config.id2label[int(expected.argmax())]
+    assert abs(chunked["score"] - float(expected.max())) < 1e-5
+    with pytest.raises(ValueError, match="longer than the context of 64"):
+        predict_classify(model, tokenizer, [long_text], truncation="error")
+    with pytest.warns(UserWarning, match="1 of 1 inputs were longer than the context of 64"):
+        predict_classify(model, tokenizer, [long_text], truncation="truncate")
 
 
 def test_early_stopping_keeps_the_best_epoch(tmp_path, encoder_dir):
@@ -152,6 +178,22 @@ def test_tag_end_to_end(tmp_path, encoder_dir):
     found = json.loads(done.stdout)
     assert [(e["entity_group"], e["word"], e["start"], e["end"]) for e in found] == [
         ("PER", "Alice", 10, 15), ("LOC", "New York", 29, 37), ("PER", "Chen", 43, 47)]
+    # six times over (~80 tokens, past the 64-position context): read in windows, every entity found in place
+    sentence = "yesterday Alice travelled to New York with Chen ."
+    long_text = " ".join([sentence] * 6)
+    found = predict_entities(ours.eval(), load_tokenizer(out), [long_text], stride=16)[0]
+    expected = [(kind, word, k * (len(sentence) + 1) + start, k * (len(sentence) + 1) + end) for k in range(6)
+                for kind, word, start, end in [("PER", "Alice", 10, 15), ("LOC", "New York", 29, 37),
+                                               ("PER", "Chen", 43, 47)]]
+    found = [(e["entity_group"], e["word"], e["start"], e["end"]) for e in found]
+    # every entity in place; a model trained on short single sentences may add a stray one where they join
+    assert set(expected) <= set(found) and len(found) <= len(expected) + 3, found
+    with pytest.raises(ValueError, match="longer than the context of 64"):
+        predict_entities(ours, load_tokenizer(out), [long_text], truncation="error")
+    with pytest.warns(UserWarning, match="truncated"):
+        cut = predict_entities(ours, load_tokenizer(out), [long_text], truncation="truncate")[0]
+    cut = [(e["entity_group"], e["word"], e["start"], e["end"]) for e in cut]
+    assert 3 <= len(cut) < len(expected) and cut[:3] == expected[:3], cut  # the first window only
 
 
 def test_pair_truncation_matches_transformers(tokenizer_dir, tokenizer):

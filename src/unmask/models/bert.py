@@ -171,6 +171,9 @@ class BertModel(HubMixin, nn.Module):
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.apply(lambda m: init_weights(m, config.initializer_range))
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> EncoderOutput:
         check_inputs(self.config, input_ids)

@@ -137,6 +137,9 @@ class ModernBertModel(HubMixin, nn.Module):
         self.attn_backend = "sdpa"
         self.apply(lambda m: init_weights(m, config))
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.tok_embeddings
+
     def _dropout(self) -> float:
         return self.config.attention_dropout if self.training else 0.0
 

@@ -9,7 +9,6 @@ directory; `save_pretrained` writes both at once, so `SentenceTransformer(dir)` 
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -19,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from unmask.data.collate import pad_batch
+from unmask.data.windows import Windows, make_windows, mean_by_owner
 from unmask.hub import CheckpointError, atomic_write_text, load_tokenizer, load_weights, read_config, read_weights
 from unmask.models import model_class
 from unmask.models.bert import BertModel
@@ -128,8 +128,8 @@ class SentenceEncoder:
     def dimension(self) -> int:
         return self.model.config.hidden_size
 
-    def tokenize(self, sentences: Sequence[str], truncation: str = "truncate") -> tuple[list[list[int]], int]:
-        """Token ids per sentence, cut to max_seq_length (`truncation="truncate"`, counted) or refused ("error")."""
+    def windows(self, sentences: Sequence[str], truncation: str = "chunk", stride: int | None = None) -> Windows:
+        """Model inputs of at most max_seq_length tokens (see data/windows.py for the three truncation modes)."""
         if isinstance(sentences, str):
             raise TypeError("encode takes a list of sentences; wrap a single one in a list")
         for i, s in enumerate(sentences):
@@ -137,38 +137,32 @@ class SentenceEncoder:
                 raise TypeError(f"sentence {i} is {type(s).__name__}, not text")
             if not s.strip():
                 raise ValueError(f"sentence {i} is empty")
-        ids = [e.ids for e in self.tokenizer.encode_batch(list(sentences))]
-        too_long = [i for i, seq in enumerate(ids) if len(seq) > self.max_seq_length]
-        if too_long and truncation == "error":
-            raise ValueError(f"{len(too_long)} input(s) exceed max_seq_length {self.max_seq_length} (first: index "
-                             f"{too_long[0]}, {len(ids[too_long[0]])} tokens); pass truncation='truncate'")
-        if truncation not in ("truncate", "error"):
-            raise ValueError(f"truncation must be 'truncate' or 'error', got {truncation!r}")
-        for i in too_long:  # keep the closing [SEP], as HF truncation does
-            ids[i] = ids[i][: self.max_seq_length - 1] + ids[i][-1:]
-        return ids, len(too_long)
+        encodings = [(e.ids, e.type_ids) for e in self.tokenizer.encode_batch(list(sentences))]
+        return make_windows(encodings, self.max_seq_length, truncation, stride)
 
     @torch.inference_mode()
     def encode(self, sentences: Sequence[str], batch_size: int = 32, normalize: bool | None = None,
-               show_progress: bool | None = None, truncation: str = "truncate") -> np.ndarray:
-        """(N, H) float32 embeddings, in input order. Batches are formed by token length, so little is padded."""
-        ids, truncated = self.tokenize(sentences, truncation)
-        if truncated:
-            warnings.warn(f"{truncated} of {len(ids)} inputs were longer than max_seq_length {self.max_seq_length} "
-                          "and were truncated (truncation='error' refuses them instead)", stacklevel=2)
+               show_progress: bool | None = None, truncation: str = "chunk", stride: int | None = None) -> np.ndarray:
+        """(N, H) float32 embeddings, in input order. Batches are formed by token length, so little is padded.
+
+        A sentence longer than max_seq_length is embedded as the mean of its windows' vectors (`truncation="chunk"`),
+        cut to its first window with a warning ("truncate", what sentence-transformers does silently), or refused
+        ("error")."""
+        windows = self.windows(sentences, truncation, stride)
+        ids = windows.input_ids
         order = np.argsort([-len(seq) for seq in ids], kind="stable")  # longest first: memory peaks at once
-        out = np.empty((len(ids), self.dimension), dtype=np.float32)
-        normalize = self.normalize if normalize is None else normalize
+        vectors = np.empty((len(ids), self.dimension), dtype=np.float32)
         show = len(ids) > 1000 if show_progress is None else show_progress
         for start in tqdm(range(0, len(ids), batch_size), desc="encoding", unit="batch", disable=not show):
             rows = order[start : start + batch_size]
             input_ids, attention_mask = pad_batch([ids[i] for i in rows], self.tokenizer.pad_token_id)
             hidden = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
-            vectors = pool(hidden, attention_mask, self.pooling).float()
-            if normalize:
-                vectors = torch.nn.functional.normalize(vectors, dim=-1)
-            out[rows] = vectors.numpy()
-        return out
+            vectors[rows] = pool(hidden, attention_mask, self.pooling).float().numpy()
+        if len(ids) > len(sentences):  # some sentences were read in several windows
+            vectors = mean_by_owner(vectors, windows.owner, len(sentences))
+        if self.normalize if normalize is None else normalize:
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return vectors
 
     def save_pretrained(self, output_dir: str | Path) -> Path:
         """An HF encoder directory that is also a sentence-transformers directory."""

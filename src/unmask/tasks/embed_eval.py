@@ -165,10 +165,13 @@ def exact_search(query_vectors: np.ndarray, doc_vectors: np.ndarray, k: int = 10
     return np.concatenate(out)
 
 
-def evaluate_retrieval(encoder, corpus, queries, qrels, batch_size: int = 64) -> dict:
+def evaluate_retrieval(encoder, corpus, queries, qrels, batch_size: int = 64, truncation: str = "chunk",
+                       stride: int | None = None) -> dict:
+    """nDCG@10, recall@100 and MRR@10 of exact search; documents longer than max_seq_length are embedded as the mean
+    of their windows (`truncation="truncate"` cuts them, as sentence-transformers does)."""
     doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(corpus, queries, qrels)
-    doc_vectors = encoder.encode(doc_texts, batch_size=batch_size)
-    query_vectors = encoder.encode(query_texts, batch_size=batch_size)
+    doc_vectors = encoder.encode(doc_texts, batch_size=batch_size, truncation=truncation, stride=stride)
+    query_vectors = encoder.encode(query_texts, batch_size=batch_size, truncation=truncation, stride=stride)
     top = exact_search(query_vectors, doc_vectors, k=100)
     ranked = [[doc_ids[j] for j in row] for row in top]
     return retrieval_metrics(ranked, query_ids, relevance)

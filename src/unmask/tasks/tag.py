@@ -15,6 +15,7 @@ import torch
 from unmask.data.collate import pad_batch
 from unmask.data.masking import IGNORE_INDEX
 from unmask.data.sources import DataError, read_text
+from unmask.data.windows import make_windows, most_central
 from unmask.tasks.seqeval import entities, entity_scores
 
 
@@ -125,28 +126,36 @@ def evaluate_tagging(model, data: TaggingData, pad_token_id: int, batch_size: in
 
 
 @torch.inference_mode()
-def predict_entities(model, tokenizer, texts: list[str]) -> list[list[dict]]:
+def predict_entities(model, tokenizer, texts: list[str], truncation: str = "chunk", stride: int | None = None,
+                     batch_size: int = 32) -> list[list[dict]]:
     """Entities in raw text with character offsets, like the HF token-classification pipeline with
-    aggregation_strategy="first": `entity_group`, `score`, `word`, `start`, `end`."""
+    aggregation_strategy="first": `entity_group`, `score`, `word`, `start`, `end`. A text longer than the context
+    is read in overlapping windows, each token tagged from the window where it is most central."""
     model.eval()
     id2label = model.config.id2label
+    if any(not isinstance(t, str) or not t.strip() for t in texts):
+        raise ValueError("empty text")
+    encodings = tokenizer.encode_batch(list(texts))
+    windows = make_windows([(e.ids, e.type_ids) for e in encodings], model.config.max_position_embeddings,
+                           truncation, stride)
+    per_window = []
+    for start in range(0, len(windows), batch_size):
+        input_ids, attention_mask = pad_batch(windows.input_ids[start : start + batch_size], tokenizer.pad_token_id)
+        probs = model(input_ids, attention_mask).logits.float().softmax(-1).numpy()  # (B, T, labels)
+        per_window += [p[: len(ids)] for p, ids in zip(probs, windows.input_ids[start : start + batch_size])]
+    content_probs = most_central(windows, per_window, [len(e.ids) - 2 for e in encodings])
     results = []
-    for text in texts:
-        if not text.strip():
-            raise ValueError("empty text")
-        enc = tokenizer.encode_batch([text])[0]
-        if len(enc.ids) > model.config.max_position_embeddings:
-            raise ValueError(f"input is {len(enc.ids)} tokens, longer than the model's context of "
-                             f"{model.config.max_position_embeddings}")
-        probs = model(torch.tensor([enc.ids])).logits[0].float().softmax(-1)  # (T, labels)
-        words: list[tuple[int, int, int]] = []  # (first piece, char start, char end) per word
-        for position, word in enumerate(enc.word_ids):
+    for text, enc, probs in zip(texts, encodings, content_probs):
+        words: list[tuple[int, int, int]] = []  # (first piece, char start, char end) per word, over the content
+        for position, word in enumerate(enc.word_ids[1:-1]):
             if word is None:
                 continue
-            if words and words[-1][0] >= 0 and enc.word_ids[words[-1][0]] == word:
-                words[-1] = (words[-1][0], words[-1][1], enc.offsets[position][1])
+            if words and enc.word_ids[1 + words[-1][0]] == word:
+                words[-1] = (words[-1][0], words[-1][1], enc.offsets[1 + position][1])
             else:
-                words.append((position, *enc.offsets[position]))
+                words.append((position, *enc.offsets[1 + position]))
+        if truncation == "truncate":  # words past the first window were not read
+            words = [w for w in words if w[0] < len(probs) and probs[w[0]].any()]
         tags = [id2label[int(probs[p].argmax())] for p, _, _ in words]
         found = []
         for kind, first, last in entities(tags):

@@ -209,7 +209,10 @@ def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, 
         if checkpoint is None:
             raise TrainingError(f"--resume_from_checkpoint latest: no complete checkpoint in {output_dir}")
         saved = load_training_state(checkpoint)
-        load_weights(model, read_weights(checkpoint), str(checkpoint))
+        if hasattr(model, "restore_weights"):  # a pretrainer whose checkpoint is more than the exported model
+            model.restore_weights(checkpoint)
+        else:
+            load_weights(model, read_weights(checkpoint), str(checkpoint))
         optimizer.load_state_dict(saved["optimizer"])
         torch.set_rng_state(saved["torch_rng"])
         for generator, rng in zip(generators, saved["generators"]):
