@@ -17,17 +17,29 @@ import subprocess
 import sys
 import time
 
-LAYOUTS = {"alternating (ModernBERT)": 3, "all global": 1, "all local": 10**6}
+LAYOUTS = {"alternating (ModernBERT)": "alternating", "all global": "global", "all local": "local"}
 
 
-def measure(config_name: str, length: int, every_n: int, backend: str, repeats: int) -> dict:
+def layout_overrides(layout: str, num_hidden_layers: int) -> dict:
+    """Config overrides for a layout. 'all local' lists layer_types: under global_attn_every_n_layers alone, layer 0
+    is always global."""
+    if layout == "global":
+        return {"global_attn_every_n_layers": 1}
+    if layout == "local":
+        return {"layer_types": ["sliding_attention"] * num_hidden_layers}
+    return {}
+
+
+def measure(config_name: str, length: int, layout: str, backend: str, repeats: int) -> dict:
     import torch
 
     from unmask.config import load_config
     from unmask.models.modernbert import ModernBertModel
 
     torch.manual_seed(0)
-    config = load_config(config_name, global_attn_every_n_layers=every_n, max_position_embeddings=max(length, 512))
+    context = max(length, 512)
+    layers = load_config(config_name).num_hidden_layers
+    config = load_config(config_name, max_position_embeddings=context, **layout_overrides(layout, layers))
     model = ModernBertModel(config).eval()
     model.attn_backend = backend
     ids = torch.randint(5, config.vocab_size, (1, length))
@@ -50,19 +62,18 @@ def main() -> None:
     parser.add_argument("--backend", default="sdpa", choices=["sdpa", "varlen"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--png", default=None)
-    parser.add_argument("--one", nargs=2, type=int, help=argparse.SUPPRESS)  # internal: length, every_n
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # internal: length, layout
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure(args.config, args.one[0], args.one[1], args.backend, args.repeats)))
+        print(json.dumps(measure(args.config, int(args.one[0]), args.one[1], args.backend, args.repeats)))
         return
 
     results: dict[str, dict[int, dict]] = {}
-    for layout, every_n in LAYOUTS.items():
+    for layout, key in LAYOUTS.items():
         results[layout] = {}
         for length in args.lengths:
             out = subprocess.run([sys.executable, "-m", "benchmarks.long_context", "--config", args.config,
-                                  "--backend", args.backend, "--repeats", str(args.repeats), "--one", str(length),
-                                  str(every_n)], capture_output=True, text=True, check=True)
+                                  "--backend", args.backend, "--repeats", str(args.repeats), "--one", str(length), key], capture_output=True, text=True, check=True)
             results[layout][length] = json.loads(out.stdout.strip().splitlines()[-1])
             r = results[layout][length]
             print(f"{layout:<26} {length:>6} tokens  {r['seconds']:8.3f} s  peak {r['peak_mib']:8.0f} MiB"

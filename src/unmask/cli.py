@@ -62,13 +62,18 @@ def _run_tokenizer_train(args) -> None:
 _HELP = {
     "train_file": "training text: files or globs (.txt, .jsonl, .gz); repeatable",
     "validation_file": "held-out text for evaluation; repeatable",
-    "model_config": "a preset (bert-tiny, bert-mini, bert-small, bert-medium, bert-base, bert-large) or config.json",
+    "model_config": "a preset (bert-tiny ... bert-large, modernbert-tiny ... modernbert-base) or a config.json",
     "tokenizer": "an HF tokenizer directory; without it a WordPiece tokenizer of --vocab_size is trained",
     "max_train_minutes": "wall-clock budget; the learning rate decays over whichever of it and --max_steps ends first",
     "resume_from_checkpoint": "a checkpoint-N directory, or 'latest' (newest complete one in --output_dir)",
     "cross_documents": "pack sequences across document boundaries (default: never cross)",
     "whole_word_mask": "mask all pieces of a word together",
     "bf16": "bfloat16 autocast (fp32 master weights)",
+    "attn_backend": "ModernBERT attention: sdpa (padded batch, sliding-window mask) or varlen (unpadded tokens, "
+                    "FlashAttention's varlen kernel on a GPU where installed); no effect on BERT, which always unpads",
+    "objective": "mlm (masked-LM) or electra (generator + replaced-token detection; the export is the discriminator)",
+    "generator_size": "electra: the generator's width as a fraction of the model's (1/4 to 1/2 usual)",
+    "rtd_weight": "electra: loss = generator MLM + rtd_weight x replaced-token detection",
 }
 
 

@@ -153,3 +153,24 @@ def test_electra_resume_gives_identical_weights(electra_run):
                           resume_from_checkpoint=str(straight / "checkpoint-6"))[1]
     for name in ("model.safetensors", EXTRA_WEIGHTS):
         assert (straight / name).read_bytes() == (resumed / name).read_bytes(), name
+
+
+def test_modernbert_electra_pretraining_exports_what_transformers_loads(electra_run, tmp_path):
+    """Either architecture: a ModernBERT discriminator trained on the unpadded backend, exported as a plain
+    ModernBertModel directory."""
+    transformers = pytest.importorskip("transformers")
+    from unmask.models.modernbert import ModernBertModel
+
+    config = tmp_path / "modernbert.json"
+    config.write_text(json.dumps({"model_type": "modernbert", "hidden_size": 64, "num_hidden_layers": 3,
+                                  "num_attention_heads": 4, "intermediate_size": 96, "max_position_embeddings": 64,
+                                  "local_attention": 8, "global_attn_every_n_layers": 3}))
+    result, out = electra_run("modern", model_config=str(config), attn_backend="varlen", max_steps=20, eval_steps=10)
+    assert result["eval_rtd_loss"] < 1.0 and 0 <= result["eval_rtd_accuracy"] <= 1
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["ModernBertModel"]
+    ours = ModernBertModel.from_pretrained(out).eval()
+    hf = transformers.AutoModel.from_pretrained(str(out)).eval()
+    ids = torch.tensor([[2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 3]])
+    with torch.no_grad():
+        diff = ours(ids).last_hidden_state - hf(input_ids=ids).last_hidden_state
+    assert diff.abs().max() < 1e-4

@@ -55,6 +55,7 @@ class TrainingArgs:
     warmup_steps: int = 100
     lr_scheduler_type: str = "linear"
     bf16: bool = False
+    attn_backend: str = "sdpa"  # ModernBERT: sdpa (padded, sliding-window mask) or varlen (unpadded); BERT unpads
     logging_steps: int = 10
     eval_steps: int | None = None
     save_steps: int | None = None
@@ -73,6 +74,8 @@ class TrainingArgs:
             raise ValueError(f"--learning_rate must be positive, got {self.learning_rate}")
         if self.lr_scheduler_type not in ("linear", "cosine", "constant"):
             raise ValueError(f"--lr_scheduler_type must be linear, cosine or constant, got {self.lr_scheduler_type}")
+        if self.attn_backend not in ("sdpa", "varlen"):
+            raise ValueError(f"--attn_backend must be sdpa or varlen, got {self.attn_backend!r}")
 
 
 @dataclass
@@ -200,6 +203,9 @@ def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, 
     of the data side (the collator's), saved in checkpoints so a resumed run draws the same masks.
     """
     keep_freed_memory()  # large per-step tensors are reused, not page-faulted in again (see unmask/memory.py)
+    for module in model.modules():  # every ModernBERT encoder inside (ELECTRA has two); a run-time choice
+        if hasattr(module, "attn_backend"):
+            module.attn_backend = args.attn_backend
     output_dir = Path(args.output_dir)
     optimizer = make_optimizer(model, args.learning_rate, args.weight_decay, betas=(0.9, args.adam_beta2))
     state = {"step": 0, "elapsed": 0.0, "best": None, "best_step": None, "bad_evals": 0, "last_eval_step": None}
