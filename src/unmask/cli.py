@@ -69,6 +69,11 @@ _HELP = {
     "cross_documents": "pack sequences across document boundaries (default: never cross)",
     "whole_word_mask": "mask all pieces of a word together",
     "bf16": "bfloat16 autocast (fp32 master weights)",
+    "max_batch_tokens": "real tokens per forward pass: concurrent requests are packed up to it",
+    "max_client_batch_size": "inputs per request",
+    "max_input_length": "tokens per input (default and ceiling: the model's context)",
+    "truncation": "for requests that do not send 'truncate': refuse longer inputs (error) or cut them (truncate)",
+    "payload_limit": "bytes per request body",
     "attn_backend": "ModernBERT attention: sdpa (padded batch, sliding-window mask) or varlen (unpadded tokens, "
                     "FlashAttention's varlen kernel on a GPU where installed); no effect on BERT, which always unpads",
     "objective": "mlm (masked-LM) or electra (generator + replaced-token detection; the export is the discriminator)",
@@ -349,7 +354,25 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("--top_k", type=int, default=5)
     fill.add_argument("--json", action="store_true", help="print the transformers pipeline's JSON shape")
     fill.set_defaults(run=_run_fill_mask)
+
+    from unmask.serve.server import ServeOptions
+
+    serve = commands.add_parser("serve", help="an HTTP server (text-embeddings-inference's API) with dynamic batching")
+    serve.add_argument("model", help="a model directory: encoder / sentence-transformers (embed), "
+                                     "...ForSequenceClassification (predict, rerank), ...ForMaskedLM (fill-mask), "
+                                     "...ForTokenClassification (tag)")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    serve.add_argument("--port", type=int, default=8080)
+    _add_dataclass_flags(serve, ServeOptions)
+    serve.add_argument("--log_level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(run=_run_serve)
     return parser
+
+
+def _run_serve(args) -> None:
+    from unmask.serve.server import ServeOptions, serve
+
+    serve(args.model, args.host, args.port, _args_of(ServeOptions, args), args.log_level)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from unmask.data.windows import make_windows, mean_by_owner
 from unmask.tasks.classify import ClassificationData
 
 
-def _window_logits(model, tokenizer, inputs: list, truncation: str, stride: int | None,
+def window_logits(model, tokenizer, inputs: list, truncation: str, stride: int | None,
                    batch_size: int = 32) -> torch.Tensor:
     """(inputs, labels) logits; an input longer than the context is read in windows whose logits are averaged."""
     from unmask.tasks.classify import predict_logits
@@ -31,7 +31,7 @@ def _window_logits(model, tokenizer, inputs: list, truncation: str, stride: int 
 def predict_classify(model, tokenizer, texts: list[str], top_k: int = 1, truncation: str = "chunk",
                      stride: int | None = None) -> list[list[dict]]:
     """Per text, the `top_k` labels with their probabilities (a regression head gives its score)."""
-    logits = _window_logits(model, tokenizer, list(texts), truncation, stride)
+    logits = window_logits(model, tokenizer, list(texts), truncation, stride)
     if model.config.num_labels == 1:
         return [[{"label": model.config.id2label.get(0, "score"), "score": float(v)}] for v in logits[:, 0]]
     probs = logits.softmax(-1)
@@ -44,7 +44,7 @@ def predict_rerank(model, tokenizer, query: str, documents: list[str], truncatio
                    stride: int | None = None) -> list[dict]:
     """Score every (query, document) pair with a cross-encoder; best first. A long document is read in windows
     (the query in each), their logits averaged."""
-    logits = _window_logits(model, tokenizer, [(query, d) for d in documents], truncation, stride)
+    logits = window_logits(model, tokenizer, [(query, d) for d in documents], truncation, stride)
     scores = logits[:, 0] if model.config.num_labels == 1 else logits.softmax(-1)[:, -1]
     ranked = sorted(range(len(documents)), key=lambda i: -float(scores[i]))
     return [{"index": i, "score": float(scores[i])} for i in ranked]

@@ -1,0 +1,258 @@
+"""`unmask serve`: the real server on a free loopback port, spoken to over HTTP. Every route, the bad inputs, answers
+equal to the offline functions, dynamic batching under concurrent load, graceful shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from unmask.config import BertConfig  # noqa: E402
+from unmask.models.bert import (  # noqa: E402
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+
+TEXTS = ["the old sailor remembered the lighthouse", "a young doctor painted seventeen wooden chairs",
+         "the committee celebrated", "our teacher misunderstood a letter from Lisbon before dawn"]
+LONG = " ".join(["the quiet librarian carried the broken telescope"] * 12)  # ~100 tokens, context 64
+
+
+def config(tokenizer, **extra) -> BertConfig:
+    return BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=64, **extra)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory, tokenizer):
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("served")
+    labels = {0: "neg", 1: "pos"}
+    tags = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
+    made = {"embed": BertModel(config(tokenizer)),
+            "classify": BertForSequenceClassification(config(tokenizer, id2label=labels, num_labels=2)),
+            "fill-mask": BertForMaskedLM(config(tokenizer)),
+            "tag": BertForTokenClassification(config(tokenizer, id2label=tags, num_labels=5))}
+    for name, model in made.items():
+        model.save_pretrained(root / name, tokenizer=tokenizer)
+    return {name: root / name for name in made}
+
+
+class Server:
+    def __init__(self, model_dir, *flags: str):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen([sys.executable, "-m", "unmask.cli", "serve", str(model_dir), "--port",
+                                      str(self.port), "--log_level", "warning", *flags],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.proc.stderr.read()}")
+            try:
+                if self.call("GET", "/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("the server did not come up in 90 s")
+
+    def call(self, method: str, path: str, body=None, raw: bytes | None = None, headers: dict | None = None):
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        connection.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        response = connection.getresponse()
+        payload = response.read().decode()
+        connection.close()
+        kind = response.getheader("content-type") or ""
+        return response.status, json.loads(payload) if "json" in kind else payload
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def servers(model_dirs):
+    started = {name: Server(path, "--max_client_batch_size", "8") for name, path in model_dirs.items()}
+    yield started
+    for server in started.values():
+        if server.proc.poll() is None:
+            server.stop()
+
+
+def test_embed_equals_offline_encode(servers, model_dirs):
+    from unmask.tasks.embed import SentenceEncoder
+
+    encoder = SentenceEncoder.from_pretrained(model_dirs["embed"])
+    status, vectors = servers["embed"].call("POST", "/embed", {"inputs": TEXTS})
+    assert status == 200 and np.abs(np.array(vectors) - encoder.encode(TEXTS, normalize=True)).max() < 1e-5
+    status, raw = servers["embed"].call("POST", "/embed", {"inputs": TEXTS[0], "normalize": False,
+                                                           "prompt_name": None})  # extra TEI fields are ignored
+    assert status == 200 and len(raw) == 1
+    assert np.abs(np.array(raw[0]) - encoder.encode(TEXTS[:1], normalize=False)[0]).max() < 1e-5
+    # too long: refused by default (server --truncation error), cut to the context when the request asks
+    status, error = servers["embed"].call("POST", "/embed", {"inputs": [TEXTS[0], LONG]})
+    assert status == 413 and error["error_type"] == "Validation" and "input 1 is" in error["error"]
+    status, cut = servers["embed"].call("POST", "/embed", {"inputs": [LONG], "truncate": True})
+    with pytest.warns(UserWarning, match="truncated"):
+        offline = encoder.encode([LONG], normalize=True, truncation="truncate")
+    assert status == 200 and np.abs(np.array(cut) - offline).max() < 1e-5
+
+
+def test_predict_and_rerank_equal_offline(servers, model_dirs, tokenizer):
+    from unmask.tasks.finetune import load_head_model
+    from unmask.tasks.predict import predict_classify, predict_rerank
+
+    model = load_head_model("classify", str(model_dirs["classify"]))
+    server = servers["classify"]
+    status, answers = server.call("POST", "/predict", {"inputs": TEXTS})
+    offline = predict_classify(model, tokenizer, TEXTS, top_k=2)
+    assert status == 200 and len(answers) == len(TEXTS)
+    for got, want in zip(answers, offline):
+        assert [a["label"] for a in got] == [w["label"] for w in want]
+        assert max(abs(a["score"] - w["score"]) for a, w in zip(got, want)) < 1e-5
+    status, single = server.call("POST", "/predict", {"inputs": TEXTS[1]})
+    assert status == 200 and single[0]["label"] == offline[1][0]["label"]
+    status, pairs = server.call("POST", "/predict", {"inputs": [[TEXTS[0], TEXTS[1]]], "raw_scores": True})
+    assert status == 200 and len(pairs[0]) == 2
+    status, ranked = server.call("POST", "/rerank", {"query": TEXTS[0], "texts": TEXTS[1:], "return_text": True})
+    want = predict_rerank(model, tokenizer, TEXTS[0], TEXTS[1:])
+    assert status == 200 and [r["index"] for r in ranked] == [w["index"] for w in want]
+    assert max(abs(r["score"] - w["score"]) for r, w in zip(ranked, want)) < 1e-5
+    assert [r["text"] for r in ranked] == [TEXTS[1:][w["index"]] for w in want]
+    status, error = server.call("POST", "/embed", {"inputs": "a"})
+    assert status == 400 and error["error_type"] == "Unsupported" and "/predict, /rerank" in error["error"]
+
+
+def test_fill_mask_and_tag_equal_offline(servers, model_dirs, tokenizer):
+    from unmask.serve.fill_mask import fill_mask
+    from unmask.tasks.finetune import load_head_model
+    from unmask.tasks.tag import predict_entities
+
+    masked_lm = BertForMaskedLM.from_pretrained(model_dirs["fill-mask"])
+    texts = ["the old [MASK] remembered the lighthouse", "a [MASK] doctor [MASK] chairs"]
+    status, filled = servers["fill-mask"].call("POST", "/fill-mask", {"inputs": texts, "top_k": 3})
+    offline = fill_mask(masked_lm, tokenizer, texts, top_k=3)
+    assert status == 200 and json.dumps(filled)[:200] == json.dumps(offline)[:200]
+    assert filled[1][1][0]["token"] == offline[1][1][0]["token"]
+    assert abs(filled[0][0]["score"] - offline[0][0]["score"]) < 1e-6
+    status, error = servers["fill-mask"].call("POST", "/fill-mask", {"inputs": "no mask here"})
+    assert status == 422 and "has no [MASK]" in error["error"]
+
+    tagger = load_head_model("tag", str(model_dirs["tag"]))
+    status, entities = servers["tag"].call("POST", "/tag", {"inputs": TEXTS})
+    want = predict_entities(tagger, tokenizer, TEXTS)
+    assert status == 200 and [[(e["entity_group"], e["start"], e["end"]) for e in row] for row in entities] == \
+        [[(e["entity_group"], e["start"], e["end"]) for e in row] for row in want]
+    assert any(row for row in want)  # random weights still tag something: the comparison is not of empties
+
+
+def test_tokenize_info_health_metrics_openapi(servers, tokenizer):
+    server = servers["embed"]
+    status, tokens = server.call("POST", "/tokenize", {"inputs": "the old sailor"})
+    ids = tokenizer.encode("the old sailor")
+    assert status == 200 and [t["id"] for t in tokens[0]] == ids
+    assert tokens[0][0]["special"] and tokens[0][0]["start"] is None
+    assert tokens[0][1] == {"id": ids[1], "text": "the", "special": False, "start": 0, "stop": 3}
+    status, info = server.call("GET", "/info")
+    assert status == 200 and info["max_input_length"] == 64 and info["max_client_batch_size"] == 8
+    assert info["model_type"]["embedding"]["pooling"] == "mean" and info["routes"] == ["embed"]
+    assert server.call("GET", "/health") == (200, {"status": "ok"})
+    status, spec = server.call("GET", "/openapi.json")
+    assert status == 200 and {"/embed", "/rerank", "/predict", "/tokenize", "/fill-mask", "/tag"} <= set(spec["paths"])
+    status, text = server.call("GET", "/metrics")
+    assert status == 200 and 'unmask_requests_total{route="/embed",status="200"}' in text
+    assert "unmask_batch_tokens_bucket" in text and "unmask_queue_seconds_count" in text
+    assert "unmask_tokens_per_second" in text
+
+
+@pytest.mark.parametrize("raw,status,needle", [
+    (b'{"inputs": ["a", ', 400, "malformed JSON"),
+    (b'{"inputs": "caf\xe9"}', 400, "not valid UTF-8"),
+    (json.dumps({"inputs": 5}).encode(), 422, "inputs"),
+    (json.dumps({"text": "no inputs field"}).encode(), 422, "inputs"),
+    (json.dumps({"inputs": []}).encode(), 422, "inputs is empty"),
+    (json.dumps({"inputs": ["fine", "  "]}).encode(), 422, "input 1 is empty"),
+    (json.dumps({"inputs": ["a"] * 9}).encode(), 413, "batch size 9 > maximum allowed batch size 8"),
+    (json.dumps({"inputs": "x" * 3_000_000}).encode(), 413, "exceeds the limit"),
+])
+def test_bad_input_gets_a_json_4xx_and_the_server_stays_up(servers, raw, status, needle):
+    server = servers["embed"]
+    got, error = server.call("POST", "/embed", raw=raw)
+    assert got == status and needle in error["error"], error
+    assert server.call("GET", "/health")[0] == 200
+
+
+def test_concurrent_requests_share_forward_passes(servers, model_dirs):
+    from unmask.tasks.embed import SentenceEncoder
+
+    server = servers["embed"]
+    before = _batches(server)
+    n_clients, gate, results = 24, threading.Barrier(24), {}
+
+    def client(k: int) -> None:
+        texts = [f"{TEXTS[k % 4]} number {k} and {j}" for j in range(1 + k % 4)]
+        gate.wait()
+        results[k] = (texts, server.call("POST", "/embed", {"inputs": texts}))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(n_clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    encoder = SentenceEncoder.from_pretrained(model_dirs["embed"])
+    for texts, (status, vectors) in results.values():  # every caller got its own inputs' vectors back
+        assert status == 200 and np.abs(np.array(vectors) - encoder.encode(texts, normalize=True)).max() < 1e-5
+    batches = _batches(server) - before
+    assert 1 <= batches < n_clients, batches  # several requests went through one forward pass
+
+
+def _batches(server) -> int:
+    text = server.call("GET", "/metrics")[1]
+    return int(float(next(line.split()[-1] for line in text.splitlines()
+                           if line.startswith("unmask_batch_inputs_count"))))
+
+
+def test_sigterm_finishes_in_flight_requests(model_dirs):
+    server = Server(model_dirs["embed"], "--truncation", "truncate")
+    statuses, finished = [], []
+
+    def client() -> None:
+        statuses.append(server.call("POST", "/embed", {"inputs": [LONG] * 32})[0])
+        finished.append(time.perf_counter())
+
+    threads = [threading.Thread(target=client) for _ in range(24)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # the requests are in: queued or running
+    signalled = time.perf_counter()
+    # uvicorn finishes the requests, shuts down, then re-raises SIGTERM so the exit status tells why it stopped
+    assert server.stop() in (0, -signal.SIGTERM)
+    for t in threads:
+        t.join()
+    assert statuses == [200] * 24
+    assert max(finished) > signalled  # some were still in flight when the signal came, and were answered
+
+
+def test_bad_server_flags_are_clear_errors(model_dirs, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "unmask.cli", "serve", str(tmp_path), "--port", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not a model directory" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "unmask.cli", "serve", str(model_dirs["embed"]), "--truncation",
+                           "chunk"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--truncation must be error or truncate" in done.stderr
