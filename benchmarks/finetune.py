@@ -120,7 +120,7 @@ def reference_embed(model_dir: str, args, out: Path) -> dict:
     model = st.SentenceTransformer(model_dir, device="cpu")
     model.max_seq_length = args.max_length
     training_args = st.SentenceTransformerTrainingArguments(
-        output_dir=str(out), learning_rate=args.learning_rate, warmup_ratio=0.1, weight_decay=0.01, seed=42,
+        output_dir=str(out), learning_rate=args.learning_rate, warmup_steps=0.1, weight_decay=0.01, seed=42,
         per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, bf16=args.bf16, use_cpu=True,
         eval_strategy="epoch", save_strategy="no", report_to=[], logging_steps=100)
     trainer = st.SentenceTransformerTrainer(model=model, args=training_args, train_dataset=train,
@@ -149,8 +149,9 @@ def reference(name: str, model_dir: str, args, out: Path) -> dict:
     model = auto.from_pretrained(model_dir, **kwargs)
     collator = (transformers.DataCollatorForTokenClassification(tokenizer) if name == "conll"
                 else transformers.DataCollatorWithPadding(tokenizer))
+    # warmup_steps=0.1: 10% of the steps (transformers 5 reads a float below 1 as a ratio; warmup_ratio is gone)
     training_args = transformers.TrainingArguments(
-        output_dir=str(out), learning_rate=args.learning_rate, warmup_ratio=0.1, weight_decay=0.01, seed=42,
+        output_dir=str(out), learning_rate=args.learning_rate, warmup_steps=0.1, weight_decay=0.01, seed=42,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64, num_train_epochs=args.epochs,
         bf16=args.bf16, use_cpu=True, eval_strategy="epoch", save_strategy="no", report_to=[], logging_steps=100)
     trainer = transformers.Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=valid,

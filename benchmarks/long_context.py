@@ -16,6 +16,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 LAYOUTS = {"alternating (ModernBERT)": "alternating", "all global": "global", "all local": "local"}
 
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("--backend", default="sdpa", choices=["sdpa", "varlen"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--png", default=None)
+    parser.add_argument("--output", default=None, help="write the results as JSON here")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # internal: length, layout
     args = parser.parse_args()
     if args.one:
@@ -73,11 +75,14 @@ def main() -> None:
         results[layout] = {}
         for length in args.lengths:
             out = subprocess.run([sys.executable, "-m", "benchmarks.long_context", "--config", args.config,
-                                  "--backend", args.backend, "--repeats", str(args.repeats), "--one", str(length), key], capture_output=True, text=True, check=True)
+                                  "--backend", args.backend, "--repeats", str(args.repeats), "--one", str(length),
+                                  key], capture_output=True, text=True, check=True)
             results[layout][length] = json.loads(out.stdout.strip().splitlines()[-1])
             r = results[layout][length]
             print(f"{layout:<26} {length:>6} tokens  {r['seconds']:8.3f} s  peak {r['peak_mib']:8.0f} MiB"
                   f"  (+{r['activation_mib']:.0f} MiB during the forward)", flush=True)
+    if args.output:
+        Path(args.output).write_text(json.dumps(results, indent=2))
     if args.png:
         import matplotlib
 
