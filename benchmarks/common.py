@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import sys
 import time
@@ -18,6 +19,19 @@ def shared_data(*parts: str) -> Path:
     if not path.exists():
         sys.exit(f"{path} is not present: this benchmark needs the shared datasets")
     return path
+
+
+def book_snippets(n: int, min_words: int, max_words: int, seed: int = 0) -> list[str]:
+    """`n` runs of `min_words`-`max_words` consecutive words from the Gutenberg validation books (seeded)."""
+    text = " ".join(p.read_text(encoding="utf-8") for p in sorted(shared_data("gutenberg", "valid").glob("*.txt")))
+    words = text.split()
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        length = rng.randint(min_words, max_words)
+        start = rng.randrange(0, len(words) - length)
+        out.append(" ".join(words[start : start + length]))
+    return out
 
 
 def alternate(contenders: dict[str, Callable[[], int]], rounds: int = 5) -> dict[str, float]:

