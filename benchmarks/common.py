@@ -21,6 +21,31 @@ def shared_data(*parts: str) -> Path:
     return path
 
 
+class PeakMemory:
+    """Resident memory added at the peak of a block (Linux): the kernel's high-water mark is reset on entry
+    (/proc/self/clear_refs), so what the process touched before (imports, model set-up) does not hide it.
+
+        with PeakMemory() as peak:
+            work()
+        peak.added_mib, peak.peak_mib
+    """
+
+    @staticmethod
+    def _status_kib(key: str) -> int:
+        with open("/proc/self/status") as f:
+            return int(next(line.split()[1] for line in f if line.startswith(key + ":")))
+
+    def __enter__(self) -> "PeakMemory":
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        self.start_kib = self._status_kib("VmRSS")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        peak = self._status_kib("VmHWM")
+        self.peak_mib, self.added_mib = peak / 1024, (peak - self.start_kib) / 1024
+
+
 def book_snippets(n: int, min_words: int, max_words: int, seed: int = 0) -> list[str]:
     """`n` runs of `min_words`-`max_words` consecutive words from the Gutenberg validation books (seeded)."""
     text = " ".join(p.read_text(encoding="utf-8") for p in sorted(shared_data("gutenberg", "valid").glob("*.txt")))

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.common import PeakMemory
 
 LAYOUTS = {"alternating (ModernBERT)": "alternating", "all global": "global", "all local": "local"}
 
@@ -44,16 +46,16 @@ def measure(config_name: str, length: int, layout: str, backend: str, repeats: i
     model = ModernBertModel(config).eval()
     model.attn_backend = backend
     ids = torch.randint(5, config.vocab_size, (1, length))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times = []
+    times, added = [], []
     with torch.inference_mode():
         for _ in range(repeats + 1):  # the first run warms up
-            start = time.perf_counter()
-            model(ids)
-            times.append(time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"seconds": sorted(times[1:])[len(times[1:]) // 2], "peak_mib": peak / 1024,
-            "activation_mib": (peak - before) / 1024}
+            with PeakMemory() as peak:
+                start = time.perf_counter()
+                model(ids)
+                times.append(time.perf_counter() - start)
+            added.append(peak.added_mib)
+    return {"seconds": statistics.median(times[1:]), "peak_mib": peak.peak_mib,
+            "activation_mib": statistics.median(added[1:])}
 
 
 def main() -> None:

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.common import PeakMemory
 
 BATCH, LENGTH, MLM_PROBABILITY = 32, 128, 0.15
 
@@ -119,30 +120,29 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
     autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times, masked = [], []
-    for step in range(steps + 2):
-        rows = examples()
-        sync(device)
-        start = time.perf_counter()
-        batch_tensors = {k: v.to(device) for k, v in collate(rows).items()}
-        with autocast:
-            out = model(input_ids=batch_tensors["input_ids"], attention_mask=batch_tensors["attention_mask"],
-                        labels=batch_tensors["labels"])
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync(device)
-        if step >= 2:
-            times.append(time.perf_counter() - start)
-            masked.append(int((batch_tensors["labels"] != -100).sum()))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with PeakMemory() as peak:  # the training steps' own peak, above the model and data set-up
+        for step in range(steps + 2):
+            rows = examples()
+            sync(device)
+            start = time.perf_counter()
+            batch_tensors = {k: v.to(device) for k, v in collate(rows).items()}
+            with autocast:
+                out = model(input_ids=batch_tensors["input_ids"], attention_mask=batch_tensors["attention_mask"],
+                            labels=batch_tensors["labels"])
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync(device)
+            if step >= 2:
+                times.append(time.perf_counter() - start)
+                masked.append(int((batch_tensors["labels"] != -100).sum()))
     seconds = statistics.median(times)
     tokens = batch * length
     flops = useful_flops(config, tokens, statistics.mean(masked), length)
     memory = ({"peak_mib": torch.cuda.max_memory_allocated() / 2**20, "train_mib": torch.cuda.max_memory_allocated()
-               / 2**20} if device == "cuda" else {"peak_mib": peak / 1024, "train_mib": (peak - before) / 1024})
+               / 2**20} if device == "cuda" else {"peak_mib": peak.peak_mib, "train_mib": peak.added_mib})
     return {"tokens_per_second": tokens / seconds, "step_seconds": seconds, **memory,
             "gflops_per_second": flops / seconds / 1e9}
 
