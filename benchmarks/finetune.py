@@ -111,7 +111,12 @@ def reference_embed(model_dir: str, args, out: Path) -> dict:
     """sentence-transformers' own trainer with its CoSENTLoss and STS evaluator."""
     import sentence_transformers as st
     from datasets import Dataset
-    from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
+    from sentence_transformers.losses import CoSENTLoss
+
+    try:  # sentence-transformers >= 6 moved it
+        from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+    except ImportError:
+        from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
 
     first, second, scores = read_sts(shared_data("stsb", "sts-train.csv"))
     train = Dataset.from_dict({"sentence1": first, "sentence2": second, "score": (scores / 5).tolist()})
@@ -124,7 +129,7 @@ def reference_embed(model_dir: str, args, out: Path) -> dict:
         per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, bf16=args.bf16, use_cpu=True,
         eval_strategy="epoch", save_strategy="no", report_to=[], logging_steps=100)
     trainer = st.SentenceTransformerTrainer(model=model, args=training_args, train_dataset=train,
-                                            loss=st.losses.CoSENTLoss(model), evaluator=evaluator)
+                                            loss=CoSENTLoss(model), evaluator=evaluator)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start

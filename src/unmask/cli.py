@@ -71,6 +71,8 @@ _HELP = {
     "bf16": "bfloat16 autocast (fp32 master weights)",
     "max_batch_tokens": "real tokens per forward pass: concurrent requests are packed up to it",
     "max_client_batch_size": "inputs per request",
+    "forward_batch_size": "sequences per forward pass: the batched requests' inputs run length-sorted, this many "
+                          "at a time",
     "max_input_length": "tokens per input (default and ceiling: the model's context)",
     "truncation": "for requests that do not send 'truncate': refuse longer inputs (error) or cut them (truncate)",
     "payload_limit": "bytes per request body",

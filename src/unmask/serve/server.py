@@ -49,6 +49,7 @@ class ServeError(Exception):
 class ServeOptions:
     max_batch_tokens: int = 16384  # real tokens per forward pass
     max_client_batch_size: int = 32  # inputs per request
+    forward_batch_size: int = 32  # sequences per forward pass: a batch of requests runs length-sorted in such passes
     max_input_length: int | None = None  # tokens per input; default and ceiling: the model's context
     truncation: str = "error"  # for requests that do not say: "error" (413) or "truncate" (TEI's --auto-truncate)
     payload_limit: int = 2_000_000  # bytes per request body
@@ -56,7 +57,7 @@ class ServeOptions:
     def __post_init__(self):
         if self.truncation not in ("error", "truncate"):
             raise ValueError(f"--truncation must be error or truncate, got {self.truncation!r}")
-        for name in ("max_batch_tokens", "max_client_batch_size", "payload_limit"):
+        for name in ("max_batch_tokens", "max_client_batch_size", "forward_batch_size", "payload_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
 
@@ -73,7 +74,7 @@ def head_of(path: Path) -> str:
 class ServedModel:
     """A model directory and the one thing it answers; `run` is called on the batching thread with many inputs."""
 
-    def __init__(self, path: str | Path, max_input_length: int | None = None):
+    def __init__(self, path: str | Path, max_input_length: int | None = None, forward_batch_size: int = 32):
         from unmask import models
         from unmask.tasks.embed import SentenceEncoder
 
@@ -97,6 +98,7 @@ class ServedModel:
         if self.encoder is not None:
             self.encoder.max_seq_length = self.max_input_length
         self.routes = ROUTES[self.head]
+        self.forward_batch_size = forward_batch_size
 
     def info(self) -> dict:
         config = self.model.config
@@ -146,7 +148,7 @@ class ServedModel:
         from unmask.tasks.predict import window_logits
         from unmask.tasks.tag import predict_entities
 
-        n = len(inputs)
+        n = self.forward_batch_size  # the inputs of all the batched requests, sorted by length, n at a time
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # inputs were fitted to the limit already; nothing is cut here
             if kind == "embed":
@@ -461,7 +463,7 @@ def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8080, options: Se
     import uvicorn
 
     options = options or ServeOptions()
-    model = ServedModel(model_dir, options.max_input_length)
+    model = ServedModel(model_dir, options.max_input_length, options.forward_batch_size)
     print(f"unmask serve: {model.path} ({model.head}; routes {', '.join('/' + r for r in model.routes)}) "
           f"on http://{host}:{port}", flush=True)
     uvicorn.run(create_app(model, options), host=host, port=port, log_level=log_level,
