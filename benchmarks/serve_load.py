@@ -4,8 +4,9 @@ on loopback.
 
     python -m benchmarks.serve_load [--clients 64 --requests 50 --sentences_per_request 8 --output results.json]
 
-Each client sends its requests one after another over one keep-alive connection; a request holds 1 to --sentences_per_request (8) sentences of
-10-60 words drawn from the Gutenberg validation books (a fixed seed: both runs send the same requests). Reported:
+Each client sends its requests one after another over one keep-alive connection; a request holds 1 to
+--sentences_per_request (8) sentences of 10-60 words drawn from the Gutenberg validation books (a fixed seed: both
+runs send the same requests). Reported:
 requests/s, tokens/s (the server's own count of real tokens), p50/p99 latency, errors, and the server's batches.
 """
 
