@@ -27,7 +27,8 @@ from unmask.tasks.finetune import FinetuneArgs, finetune
 def random_copy(model_dir: str, out: Path) -> str:
     """`model_dir`'s architecture and tokenizer with newly initialised weights."""
     torch.manual_seed(42)
-    models.from_config(read_config(Path(model_dir)), "encoder").save_pretrained(out, tokenizer=load_tokenizer(model_dir))
+    model = models.from_config(read_config(Path(model_dir)), "encoder")
+    model.save_pretrained(out, tokenizer=load_tokenizer(model_dir))
     return str(out)
 
 

@@ -83,7 +83,8 @@ class Batcher:
             batch, tokens, rest = [first], first.tokens, deque()
             while self._pending:
                 job = self._pending.popleft()
-                if (job.kind, job.options) == (first.kind, first.options) and tokens + job.tokens <= self.max_batch_tokens:
+                same_kind = (job.kind, job.options) == (first.kind, first.options)
+                if same_kind and tokens + job.tokens <= self.max_batch_tokens:
                     batch.append(job)
                     tokens += job.tokens
                 else:

@@ -4,7 +4,8 @@ Routes (TEI's request and response shapes where TEI has the route, so its client
     POST /embed      {"inputs": str | [str], "normalize": true, "truncate": bool}     -> [[float]]
     POST /rerank     {"query", "texts": [str], "raw_scores", "return_text", "truncate"} -> [{"index", "score"}]
     POST /predict    {"inputs": str | [str] | [[a, b]], "raw_scores", "truncate"}       -> [{"label", "score"}]
-    POST /tokenize   {"inputs": str | [str], "add_special_tokens": true} -> [[{"id", "text", "special", "start", "stop"}]]
+    POST /tokenize   {"inputs": str | [str], "add_special_tokens": true}
+                     -> [[{"id", "text", "special", "start", "stop"}]]
     POST /fill-mask  {"inputs": str | [str], "top_k": 5}    -> the transformers fill-mask pipeline's shape
     POST /tag        {"inputs": str | [str], "truncate"}    -> [{"entity_group", "score", "word", "start", "end"}]
     GET  /health, /info, /metrics (Prometheus), /openapi.json, /docs
