@@ -50,6 +50,7 @@ class FinetuneArgs(TrainingArgs):
     # fine-tuning defaults differ from pretraining's
     learning_rate: float = 5e-5
     adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8  # HF's default: with fine-tuning's small gradients 1e-6 damps the updates
     warmup_steps: int = 0  # 0: warmup_ratio of the steps
     max_steps: int = 0  # 0: num_train_epochs over the training data
     logging_steps: int = 50

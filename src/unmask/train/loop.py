@@ -50,6 +50,7 @@ class TrainingArgs:
     learning_rate: float = 5e-4
     weight_decay: float = 0.01
     adam_beta2: float = 0.98
+    adam_epsilon: float = 1e-6  # BERT's pretraining value; fine-tuning uses HF's 1e-8
     max_grad_norm: float = 1.0
     max_steps: int = 1000
     max_train_minutes: float | None = None  # a wall-clock budget; the schedule decays over whichever ends first
@@ -221,7 +222,8 @@ def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, 
         if hasattr(module, "attn_backend"):
             module.attn_backend = args.attn_backend
     output_dir = Path(args.output_dir)
-    optimizer = make_optimizer(model, args.learning_rate, args.weight_decay, betas=(0.9, args.adam_beta2))
+    optimizer = make_optimizer(model, args.learning_rate, args.weight_decay, betas=(0.9, args.adam_beta2),
+                               eps=args.adam_epsilon)
     state = {"step": 0, "elapsed": 0.0, "best": None, "best_step": None, "bad_evals": 0, "last_eval_step": None}
     if args.resume_from_checkpoint:
         checkpoint = (latest_checkpoint(output_dir) if args.resume_from_checkpoint == "latest"
