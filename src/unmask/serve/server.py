@@ -19,7 +19,6 @@ input over the length limit with truncation off, 422 for wrong types and empty i
 
 from __future__ import annotations
 
-import asyncio
 import json
 import warnings
 from contextlib import asynccontextmanager
