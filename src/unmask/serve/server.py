@@ -115,30 +115,32 @@ class ServedModel:
 
     # -- validation (event loop side, in a thread pool) -------------------------------------------------------------
 
-    def fit(self, item: str | tuple[str, str], index: int, truncate: bool) -> tuple[str | tuple[str, str], int]:
-        """The input cut to max_input_length when `truncate` (else refused when longer), and its token count."""
-        parts = item if isinstance(item, tuple) else (item,)
-        for part in parts:
-            if not part.strip():
+    def fit(self, items: list, truncate: bool) -> tuple[list, list[int], list]:
+        """The inputs cut to max_input_length when `truncate` (else refused when longer), their token counts and
+        encodings; all tokenized in one parallel call."""
+        for index, item in enumerate(items):
+            if any(not part.strip() for part in (item if isinstance(item, tuple) else (item,))):
                 raise ServeError(422, f"input {index} is empty")
-        encoding = self.tokenizer.encode_batch([item])[0]
-        n, limit = len(encoding.ids), self.max_input_length
-        if n <= limit:
-            return item, n
-        if not truncate:
-            raise ServeError(413, f"input {index} is {n} tokens, longer than the maximum of {limit}; send "
-                                  "\"truncate\": true to cut it")
-        # cut the last segment at the character where its allowed tokens end, then count again
-        content = [p for p, t in enumerate(encoding.type_ids) if t == encoding.type_ids[-1]][:-1]
-        if encoding.type_ids[-1] == 0:
-            content = content[1:]  # after [CLS]
-        keep = len(content) - (n - limit)
-        if keep < 1:
-            raise ServeError(413, f"input {index}: its query alone fills the maximum of {limit} tokens")
-        end = encoding.offsets[content[keep - 1]][1]
-        cut = parts[-1][:end]
-        item = (parts[0], cut) if isinstance(item, tuple) else cut
-        return item, len(self.tokenizer.encode_batch([item])[0].ids)
+        encodings = self.tokenizer.encode_batch(items)
+        limit = self.max_input_length
+        for index, encoding in enumerate(encodings):
+            n = len(encoding.ids)
+            if n <= limit:
+                continue
+            if not truncate:
+                raise ServeError(413, f"input {index} is {n} tokens, longer than the maximum of {limit}; send "
+                                      "\"truncate\": true to cut it")
+            # cut the last segment at the character where its allowed tokens end, then encode it again
+            content = [p for p, t in enumerate(encoding.type_ids) if t == encoding.type_ids[-1]][:-1]
+            if encoding.type_ids[-1] == 0:
+                content = content[1:]  # after [CLS]
+            keep = len(content) - (n - limit)
+            if keep < 1:
+                raise ServeError(413, f"input {index}: its query alone fills the maximum of {limit} tokens")
+            item, end = items[index], encoding.offsets[content[keep - 1]][1]
+            items[index] = (item[0], item[1][:end]) if isinstance(item, tuple) else item[:end]
+            encodings[index] = self.tokenizer.encode_batch([items[index]])[0]
+        return items, [len(e.ids) for e in encodings], encodings
 
     # -- the forward passes (batching thread) ------------------------------------------------------------------------
 
@@ -257,10 +259,13 @@ def create_app(model: ServedModel, options: ServeOptions):
                                   f"{options.max_client_batch_size}")
         return items, single
 
-    async def schedule(kind: str, items: list, truncate: bool | None, job_options: tuple = ()) -> list:
+    async def schedule(kind: str, items: list, truncate: bool | None, job_options: tuple = (),
+                       check=lambda encodings: None) -> list:
+        """Validate and count the inputs (in a worker thread: tokenizing is not the event loop's job), queue them."""
         cut = options.truncation == "truncate" if truncate is None else truncate
-        fitted = await run_in_threadpool(lambda: [model.fit(x, i, cut) for i, x in enumerate(items)])
-        job = Job(kind, [x for x, _ in fitted], sum(n for _, n in fitted), job_options)
+        fitted, counts, encodings = await run_in_threadpool(model.fit, items, cut)
+        check(encodings)
+        job = Job(kind, fitted, sum(counts), job_options)
         results = await batcher_box["batcher"].submit(job)
         metrics.count("/" + kind, 200)
         return results
@@ -318,10 +323,13 @@ def create_app(model: ServedModel, options: ServeOptions):
         serves("fill-mask")
         items, single = as_list(body.inputs)
         mask = model.tokenizer.mask_token_id
-        for i, text in enumerate(items):
-            if text.strip() and mask not in model.tokenizer.encode(text):
-                raise ServeError(422, f"input {i} has no {model.tokenizer.convert_ids_to_tokens([mask])[0]}")
-        results = await schedule("fill-mask", items, False, (body.top_k,))
+
+        def has_masks(encodings) -> None:
+            for i, encoding in enumerate(encodings):
+                if mask not in encoding.ids:
+                    raise ServeError(422, f"input {i} has no {model.tokenizer.convert_ids_to_tokens([mask])[0]}")
+
+        results = await schedule("fill-mask", items, False, (body.top_k,), has_masks)
         return results[0] if single else results
 
     @app.post("/tag", summary="Named entities with character offsets")
