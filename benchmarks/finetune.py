@@ -44,12 +44,15 @@ def ours(name: str, model_dir: str, args, out: Path) -> dict:
                    validation_file=str(shared_data(*spec["valid"])), output_dir=str(out),
                    per_device_train_batch_size=args.batch_size, max_seq_length=args.max_length,
                    num_train_epochs=args.epochs, learning_rate=args.learning_rate, weight_decay=0.01,
-                   bf16=args.bf16, seed=42, logging_steps=100)
+                   bf16=args.bf16, seed=args.seed, logging_steps=100)
     if name == "stsb":
         options.update(regression=True, label_scale=5.0)
     start = time.perf_counter()
     result = finetune(FinetuneArgs(**options))
-    return {"metric": result[f"eval_{spec['metric']}"], "seconds": time.perf_counter() - start,
+    seconds = time.perf_counter() - start
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    history = [r[f"eval_{spec['metric']}"] for r in rows if f"eval_{spec['metric']}" in r]
+    return {"metric": result[f"eval_{spec['metric']}"], "per_epoch": history, "seconds": seconds,
             "best_step": result.get("best_step"), "steps": result["step"]}
 
 
@@ -125,7 +128,7 @@ def reference_embed(model_dir: str, args, out: Path) -> dict:
     model = st.SentenceTransformer(model_dir, device="cpu")
     model.max_seq_length = args.max_length
     training_args = st.SentenceTransformerTrainingArguments(
-        output_dir=str(out), learning_rate=args.learning_rate, warmup_steps=0.1, weight_decay=0.01, seed=42,
+        output_dir=str(out), learning_rate=args.learning_rate, warmup_steps=0.1, weight_decay=0.01, seed=args.seed,
         per_device_train_batch_size=args.batch_size, num_train_epochs=args.epochs, bf16=args.bf16, use_cpu=True,
         eval_strategy="epoch", save_strategy="no", report_to=[], logging_steps=100)
     trainer = st.SentenceTransformerTrainer(model=model, args=training_args, train_dataset=train,
@@ -150,13 +153,13 @@ def reference(name: str, model_dir: str, args, out: Path) -> dict:
     kwargs = {"num_labels": num_labels}
     if id2label:
         kwargs.update(id2label=id2label, label2id={v: k for k, v in id2label.items()})
-    transformers.set_seed(42)
+    transformers.set_seed(args.seed)
     model = auto.from_pretrained(model_dir, **kwargs)
     collator = (transformers.DataCollatorForTokenClassification(tokenizer) if name == "conll"
                 else transformers.DataCollatorWithPadding(tokenizer))
     # warmup_steps=0.1: 10% of the steps (transformers 5 reads a float below 1 as a ratio; warmup_ratio is gone)
     training_args = transformers.TrainingArguments(
-        output_dir=str(out), learning_rate=args.learning_rate, warmup_steps=0.1, weight_decay=0.01, seed=42,
+        output_dir=str(out), learning_rate=args.learning_rate, warmup_steps=0.1, weight_decay=0.01, seed=args.seed,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64, num_train_epochs=args.epochs,
         bf16=args.bf16, use_cpu=True, eval_strategy="epoch", save_strategy="no", report_to=[], logging_steps=100)
     trainer = transformers.Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=valid,
@@ -177,6 +180,7 @@ def main() -> None:
     parser.add_argument("--max_length", type=int, default=None)
     parser.add_argument("--learning_rate", type=float, default=None)
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--which", choices=["both", "ours", "reference"], default="both")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     args = parser.parse_args()

@@ -4,7 +4,7 @@
 
 - embeddings: all-MiniLM-L6-v2 (the PyPI package) on sentences of 10-120 words from the Gutenberg validation
   books, `SentenceEncoder.encode` vs `sentence_transformers.SentenceTransformer.encode`, batch 32, fp32; the
-  outputs must agree (min cosine >= 0.9999).
+  outputs must agree (min cosine >= 0.9999); also our `--int8` mode, its speed and its STS-B dev Spearman drop.
 - fill-mask: all-MiniLM-L6-v2's encoder under a masked-LM head (tied decoder), batch 1 and 32, ours vs the
   `transformers` fill-mask pipeline on the same directory (same top-5 tokens checked).
 - latency: one 128-token input through bert-base (random weights, 110M parameters), ours vs transformers' BertModel.
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import book_snippets
+from benchmarks.common import SHARED_DATA, book_snippets
 
 
 def alternate(contenders: dict, rounds: int) -> dict[str, float]:
@@ -39,20 +39,35 @@ def alternate(contenders: dict, rounds: int) -> dict[str, float]:
 
 
 def embeddings(model_dir: str, texts: list[str], rounds: int) -> dict:
+    """fp32 at equal outputs, and our opt-in int8 mode (its accuracy cost: STS-B dev Spearman, when present)."""
     from sentence_transformers import SentenceTransformer
 
     from unmask.tasks.embed import SentenceEncoder
 
     ours = SentenceEncoder.from_pretrained(model_dir)
+    int8 = SentenceEncoder.from_pretrained(model_dir, int8=True)
     theirs = SentenceTransformer(model_dir, device="cpu")
     a = ours.encode(texts, batch_size=32, truncation="truncate")
     b = theirs.encode(texts, batch_size=32, convert_to_numpy=True)
-    cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    c = int8.encode(texts, batch_size=32, truncation="truncate")
     seconds = alternate({"unmask": lambda: ours.encode(texts, batch_size=32, truncation="truncate"),
-                         "sentence-transformers": lambda: theirs.encode(texts, batch_size=32)}, rounds)
+                         "sentence-transformers": lambda: theirs.encode(texts, batch_size=32),
+                         "unmask --int8": lambda: int8.encode(texts, batch_size=32, truncation="truncate")}, rounds)
     rate = {k: len(texts) / v for k, v in seconds.items()}
-    return {"sentences_per_second": rate, "ratio": rate["unmask"] / rate["sentence-transformers"],
-            "min_cosine": float(cosine.min())}
+    result = {"sentences_per_second": rate, "ratio": rate["unmask"] / rate["sentence-transformers"],
+              "ratio_int8": rate["unmask --int8"] / rate["sentence-transformers"],
+              "min_cosine": float(_cosine(a, b).min()), "int8_min_cosine": float(_cosine(c, b).min())}
+    if SHARED_DATA.joinpath("stsb", "sts-dev.csv").exists():
+        from unmask.tasks.embed_eval import evaluate_sts, read_sts
+
+        pairs = read_sts(SHARED_DATA / "stsb" / "sts-dev.csv")
+        result["stsb_dev_spearman"] = {name: evaluate_sts(model, *pairs, batch_size=64)["spearman"]
+                                       for name, model in (("fp32", ours), ("int8", int8))}
+    return result
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def masked_lm_dir(model_dir: str, out: Path) -> str:

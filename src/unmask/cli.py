@@ -76,6 +76,7 @@ _HELP = {
     "max_input_length": "tokens per input (default and ceiling: the model's context)",
     "truncation": "for requests that do not send 'truncate': refuse longer inputs (error) or cut them (truncate)",
     "payload_limit": "bytes per request body",
+    "int8": "CPU only: int8 dynamically quantised linear layers, faster and slightly less accurate (BENCHMARKS.md)",
     "attn_backend": "ModernBERT attention: sdpa (padded batch, sliding-window mask) or varlen (unpadded tokens, "
                     "FlashAttention's varlen kernel on a GPU where installed); no effect on BERT, which always unpads",
     "objective": "mlm (masked-LM) or electra (generator + replaced-token detection; the export is the discriminator)",
@@ -136,7 +137,7 @@ def _run_predict(args) -> None:
     from unmask.tasks.predict import predict_classify, predict_rerank
     from unmask.tasks.tag import predict_entities
 
-    model = load_head_model("pair" if args.task == "rerank" else args.task, args.model)
+    model = load_head_model("pair" if args.task == "rerank" else args.task, args.model, int8=args.int8)
     tokenizer = load_tokenizer(args.model, model.config)
     long_inputs = {"truncation": args.truncation, "stride": args.stride}
     if args.task == "classify":
@@ -180,7 +181,7 @@ def _run_fill_mask(args) -> None:
     from unmask.models import from_pretrained
     from unmask.serve.fill_mask import fill_mask
 
-    model = from_pretrained(args.model, "masked-lm")
+    model = from_pretrained(args.model, "masked-lm", int8=args.int8)
     tokenizer = load_tokenizer(args.model, model.config)
     results = fill_mask(model, tokenizer, args.texts, top_k=args.top_k)
     if args.json:
@@ -212,7 +213,7 @@ def _run_embed(args) -> None:
 
     from unmask.tasks.embed import SentenceEncoder
 
-    encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length)
+    encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length, int8=args.int8)
     sentences = _read_sentences(args.input)
     vectors = encoder.encode(sentences, batch_size=args.batch_size, normalize=args.normalize,
                              truncation=args.truncation, stride=args.stride)
@@ -224,7 +225,7 @@ def _run_eval_sts(args) -> None:
     from unmask.tasks.embed import SentenceEncoder
     from unmask.tasks.embed_eval import evaluate_sts, read_sts
 
-    encoder = SentenceEncoder.from_pretrained(args.model)
+    encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8)
     pairs = read_sts(args.file, args.sentence1_column, args.sentence2_column, args.score_column)
     result = evaluate_sts(encoder, *pairs, batch_size=args.batch_size)
     print(json.dumps(result) if args.json else
@@ -235,10 +236,14 @@ def _run_eval_retrieval(args) -> None:
     from unmask.tasks.embed import SentenceEncoder
     from unmask.tasks.embed_eval import evaluate_retrieval
 
-    encoder = SentenceEncoder.from_pretrained(args.model)
+    encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8)
     result = evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size,
                                 truncation=args.truncation, stride=args.stride)
     print(json.dumps(result) if args.json else "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
+
+
+def _add_int8(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--int8", action="store_true", help=_HELP["int8"])
 
 
 def _add_truncation(parser: argparse.ArgumentParser, limit: str) -> None:
@@ -292,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("texts", nargs="+", help="texts (rerank: the query, then the documents)")
     predict.add_argument("--top_k", type=int, default=1, help="classify: how many labels to return")
     _add_truncation(predict, "the model's context")
+    _add_int8(predict)
     predict.set_defaults(run=_run_predict)
 
     evaluate = commands.add_parser("eval", help="evaluate a model")
@@ -328,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     sts.add_argument("--score_column", default=None, help="column of the gold score (default score)")
     sts.add_argument("--batch_size", type=int, default=64)
     sts.add_argument("--json", action="store_true")
+    _add_int8(sts)
     sts.set_defaults(run=_run_eval_sts)
     retrieval = eval_commands.add_parser("retrieval", help="BEIR-style retrieval: nDCG@10, recall@100, MRR@10")
     retrieval.add_argument("--model", required=True)
@@ -337,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval.add_argument("--batch_size", type=int, default=64)
     retrieval.add_argument("--json", action="store_true")
     _add_truncation(retrieval, "the model's max_seq_length")
+    _add_int8(retrieval)
     retrieval.set_defaults(run=_run_eval_retrieval)
 
     embed = commands.add_parser("embed", help="sentence embeddings of a text file (one sentence per line)")
@@ -348,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="L2-normalise (default: as the model directory says)")
     embed.add_argument("--max_seq_length", type=int, default=None)
     _add_truncation(embed, "max_seq_length")
+    _add_int8(embed)
     embed.set_defaults(run=_run_embed)
 
     fill = commands.add_parser("fill-mask", help="top-k fillers for each [MASK] in the text(s)")
@@ -355,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("texts", nargs="+", help="text(s) with at least one [MASK]")
     fill.add_argument("--top_k", type=int, default=5)
     fill.add_argument("--json", action="store_true", help="print the transformers pipeline's JSON shape")
+    _add_int8(fill)
     fill.set_defaults(run=_run_fill_mask)
 
     from unmask.serve.server import ServeOptions

@@ -50,6 +50,10 @@ class HFConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
                               f"{self.num_attention_heads}")
+        pad = getattr(self, "pad_token_id", None)
+        if pad is not None and not 0 <= pad < self.vocab_size:
+            raise ConfigError(f"pad_token_id {pad} is not a row of the {self.vocab_size}-token embedding: "
+                              "set vocab_size and pad_token_id together")
 
     def _normalise_labels(self) -> None:
         if self.id2label is not None:

@@ -256,3 +256,13 @@ def test_bad_server_flags_are_clear_errors(model_dirs, tmp_path):
     done = subprocess.run([sys.executable, "-m", "unmask.cli", "serve", str(model_dirs["embed"]), "--truncation",
                            "chunk"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--truncation must be error or truncate" in done.stderr
+
+
+@pytest.mark.parametrize("head", ["embed", "classify", "fill-mask", "tag"])
+def test_int8_option_quantises_the_served_model(model_dirs, head):
+    from unmask.serve.server import ServedModel
+
+    served = ServedModel(model_dirs[head], int8=True)
+    assert served.head == head
+    assert not any(isinstance(m, torch.nn.Linear) for m in served.model.modules())
+    assert any(isinstance(m, torch.nn.Linear) for m in ServedModel(model_dirs[head]).model.modules())

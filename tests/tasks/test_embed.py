@@ -172,6 +172,11 @@ def test_embed_command(tmp_path, minilm_dir):
     vectors = np.load(out)
     assert vectors.shape == (3, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]  # music is nearer guitar than stocks
+    fp32 = vectors
+    done = subprocess.run(run + ["--int8"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    int8 = np.load(out)
+    assert 0.95 < (int8 * fp32).sum(1).min() and (int8 * fp32).sum(1).max() < 0.9999  # quantised, still close
     done = subprocess.run(run + ["--no-normalize"], capture_output=True, text=True, timeout=120)
     assert not np.allclose(np.linalg.norm(np.load(out), axis=1), 1, atol=1e-3)
     sentences.write_text("one\n\nthree\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from unmask.models import bert, modernbert
+from unmask.models.quantize import quantize_int8
 
 TASK_CLASSES = {
     "bert": {"encoder": bert.BertModel, "masked-lm": bert.BertForMaskedLM,
@@ -21,12 +22,14 @@ def model_class(model_type: str, task: str):
     return TASK_CLASSES[model_type][task]
 
 
-def from_pretrained(path: str | Path, task: str, **config_overrides):
-    """Load a model directory as the class its config.json names for `task` (an AutoModelFor... in one line)."""
+def from_pretrained(path: str | Path, task: str, int8: bool = False, **config_overrides):
+    """Load a model directory as the class its config.json names for `task` (an AutoModelFor... in one line);
+    `int8`: quantised for CPU inference (models/quantize.py)."""
     from unmask.hub import read_config
 
     config = read_config(Path(path))
-    return model_class(config.model_type, task).from_pretrained(path, **config_overrides)
+    model = model_class(config.model_type, task).from_pretrained(path, **config_overrides)
+    return quantize_int8(model) if int8 else model
 
 
 def from_config(config, task: str):

@@ -67,10 +67,14 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
         N, H = x.shape
-        # one GEMM for q, k and v; the weights stay three HF-named parameters
-        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
-        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        q, k, v = F.linear(x, weight, bias).view(N, 3, self.num_heads, H // self.num_heads).unbind(1)  # (N, nh, hd)
+        if isinstance(self.query, nn.Linear):
+            # one GEMM for q, k and v; the weights stay three HF-named parameters
+            weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+            bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+            qkv = F.linear(x, weight, bias)  # (N, 3H)
+        else:  # int8-quantised for inference (models/quantize.py): packed weights cannot be concatenated
+            qkv = torch.cat([self.query(x), self.key(x), self.value(x)], dim=-1)
+        q, k, v = qkv.view(N, 3, self.num_heads, H // self.num_heads).unbind(1)  # (N, nh, hd)
         y = attend(q, k, v, self.dropout_p if self.training else 0.0)  # (N, nh, hd)
         return y.reshape(N, H)
 

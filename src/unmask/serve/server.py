@@ -53,6 +53,7 @@ class ServeOptions:
     max_input_length: int | None = None  # tokens per input; default and ceiling: the model's context
     truncation: str = "error"  # for requests that do not say: "error" (413) or "truncate" (TEI's --auto-truncate)
     payload_limit: int = 2_000_000  # bytes per request body
+    int8: bool = False  # CPU: int8 dynamically quantised linear layers (models/quantize.py)
 
     def __post_init__(self):
         if self.truncation not in ("error", "truncate"):
@@ -74,7 +75,8 @@ def head_of(path: Path) -> str:
 class ServedModel:
     """A model directory and the one thing it answers; `run` is called on the batching thread with many inputs."""
 
-    def __init__(self, path: str | Path, max_input_length: int | None = None, forward_batch_size: int = 32):
+    def __init__(self, path: str | Path, max_input_length: int | None = None, forward_batch_size: int = 32,
+                 int8: bool = False):
         from unmask import models
         from unmask.tasks.embed import SentenceEncoder
 
@@ -84,12 +86,12 @@ class ServedModel:
         self.head = head_of(self.path)
         self.encoder = None
         if self.head == "embed":
-            self.encoder = SentenceEncoder.from_pretrained(self.path)
+            self.encoder = SentenceEncoder.from_pretrained(self.path, int8=int8)
             self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
             context = self.encoder.max_seq_length
         else:
             task = {"fill-mask": "masked-lm", "classify": "sequence-classification", "tag": "token-classification"}
-            self.model = models.from_pretrained(self.path, task[self.head]).eval()
+            self.model = models.from_pretrained(self.path, task[self.head], int8=int8).eval()
             self.tokenizer = load_tokenizer(self.path, read_config(self.path))
             context = self.model.config.max_position_embeddings
         if max_input_length is not None and max_input_length < 3:
@@ -471,7 +473,7 @@ def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8080, options: Se
     import uvicorn
 
     options = options or ServeOptions()
-    model = ServedModel(model_dir, options.max_input_length, options.forward_batch_size)
+    model = ServedModel(model_dir, options.max_input_length, options.forward_batch_size, options.int8)
     print(f"unmask serve: {model.path} ({model.head}; routes {', '.join('/' + r for r in model.routes)}) "
           f"on http://{host}:{port}", flush=True)
     uvicorn.run(create_app(model, options), host=host, port=port, log_level=log_level,
