@@ -47,12 +47,13 @@ def embeddings(model_dir: str, texts: list[str], rounds: int) -> dict:
     ours = SentenceEncoder.from_pretrained(model_dir)
     int8 = SentenceEncoder.from_pretrained(model_dir, int8=True)
     theirs = SentenceTransformer(model_dir, device="cpu")
-    a = ours.encode(texts, batch_size=32, truncation="truncate")
-    b = theirs.encode(texts, batch_size=32, convert_to_numpy=True)
-    c = int8.encode(texts, batch_size=32, truncation="truncate")
-    seconds = alternate({"unmask": lambda: ours.encode(texts, batch_size=32, truncation="truncate"),
-                         "sentence-transformers": lambda: theirs.encode(texts, batch_size=32),
-                         "unmask --int8": lambda: int8.encode(texts, batch_size=32, truncation="truncate")}, rounds)
+
+    def run(encoder):
+        return lambda: encoder.encode(texts, batch_size=32, truncation="truncate", show_progress=False)
+
+    a, b, c = run(ours)(), theirs.encode(texts, batch_size=32, convert_to_numpy=True), run(int8)()
+    seconds = alternate({"unmask": run(ours), "sentence-transformers": lambda: theirs.encode(texts, batch_size=32),
+                         "unmask --int8": run(int8)}, rounds)
     rate = {k: len(texts) / v for k, v in seconds.items()}
     result = {"sentences_per_second": rate, "ratio": rate["unmask"] / rate["sentence-transformers"],
               "ratio_int8": rate["unmask --int8"] / rate["sentence-transformers"],

@@ -56,6 +56,8 @@ def _unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_pretrained(model: torch.nn.Module, output_dir: str | Path, tokenizer=None) -> Path:
+    if not all(isinstance(v, torch.Tensor) for v in model.state_dict().values()):
+        raise ValueError("this model is int8-quantised for inference (--int8); save the float model it came from")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     config = {**model.config.to_dict(), "architectures": [type(model).__name__]}

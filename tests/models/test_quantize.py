@@ -54,6 +54,13 @@ def test_minilm_stsb_spearman_drop_is_small(minilm_dir):
     assert fp32 - int8 <= 0.005, (fp32, int8)  # measured 0.0032
 
 
+def test_a_quantised_model_is_not_saved(tmp_path):
+    model = quantize_int8(models.from_config(load_config("bert-tiny", vocab_size=500), "masked-lm"))
+    with pytest.raises(ValueError, match="int8-quantised"):
+        model.save_pretrained(tmp_path / "q")
+    assert not (tmp_path / "q").exists()
+
+
 def test_refuses_bf16_weights():
     model = models.from_config(load_config("bert-tiny", vocab_size=500), "encoder").to(torch.bfloat16)
     with pytest.raises(ValueError, match="float32"):
