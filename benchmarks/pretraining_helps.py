@@ -3,8 +3,11 @@ initialised copy of the first one's architecture, and report dev accuracy side b
 
     python -m benchmarks.pretraining_helps --model runs/bert-mini-mlm [--model runs/bert-mini-electra ...]
                                            [--epochs 2 --batch_size 32 --max_length 64 --learning_rate 1e-4 --bf16]
+                                           [--seeds 42 1 2]
 
 The random copy has the same config and tokenizer, fresh weights (the architecture's own initialisation, seed 42).
+With several `--seeds` every encoder is fine-tuned once per seed (shuffling, dropout, head initialisation), so a
+difference between encoders can be read against the spread between seeds.
 """
 
 from __future__ import annotations
@@ -32,13 +35,13 @@ def random_copy(model_dir: str, out: Path) -> str:
     return str(out)
 
 
-def sst2(model_dir: str, args, out: Path) -> dict:
+def sst2(model_dir: str, args, out: Path, seed: int = 42) -> dict:
     start = time.perf_counter()
     result = finetune(FinetuneArgs(
         task="classify", model=model_dir, train_file=str(shared_data("sst2", "train.tsv")),
         validation_file=str(shared_data("sst2", "dev.tsv")), output_dir=str(out),
         per_device_train_batch_size=args.batch_size, max_seq_length=args.max_length, num_train_epochs=args.epochs,
-        learning_rate=args.learning_rate, weight_decay=0.01, bf16=args.bf16, seed=42, logging_steps=200))
+        learning_rate=args.learning_rate, weight_decay=0.01, bf16=args.bf16, seed=seed, logging_steps=200))
     return {"accuracy": result["eval_accuracy"], "seconds": time.perf_counter() - start,
             "best_step": result["best_step"]}
 
@@ -51,21 +54,26 @@ def main() -> None:
     parser.add_argument("--max_length", type=int, default=64)
     parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="fine-tuning seeds")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="unmask-pretraining-helps-"))
     contenders = {Path(m).name: m for m in args.model}
     contenders["random init"] = random_copy(args.model[0], work / "random")
-    results = {}
+    results = {name: {} for name in contenders}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for n, (name, path) in enumerate(contenders.items()):
-            results[name] = sst2(path, args, work / f"run{n}")
-            print(f"{name}: {results[name]}", flush=True)
+        for seed in args.seeds:  # seed-major: a run cut short still has every encoder at the first seeds
+            for n, (name, path) in enumerate(contenders.items()):
+                results[name][seed] = sst2(path, args, work / f"run{n}-seed{seed}", seed)
+                print(f"{name}, seed {seed}: {results[name][seed]}", flush=True)
     print(f"\nSST-2 dev accuracy, {args.epochs:g} epochs, batch {args.batch_size}, max length {args.max_length}, "
-          f"lr {args.learning_rate:g}, bf16={args.bf16}")
-    for name, r in results.items():
-        print(f"  {name:<32} {r['accuracy']:.4f}   {r['seconds'] / 60:.1f} min")
+          f"lr {args.learning_rate:g}, bf16={args.bf16}, seeds {args.seeds}")
+    for name, runs in results.items():
+        accuracies = [r["accuracy"] for r in runs.values()]
+        minutes = sum(r["seconds"] for r in runs.values()) / 60 / len(runs)
+        print(f"  {name:<32} mean {sum(accuracies) / len(accuracies):.4f}   "
+              f"({', '.join(f'{a:.4f}' for a in accuracies)})   {minutes:.1f} min a run")
     if args.output:
         Path(args.output).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
 
