@@ -5,7 +5,8 @@ initialised copy of the first one's architecture, and report dev accuracy side b
                                            [--epochs 2 --batch_size 32 --max_length 64 --learning_rate 1e-4 --bf16]
                                            [--seeds 42 1 2] [--train_samples 2000]
 
-The random copy has the same config and tokenizer, fresh weights (the architecture's own initialisation, seed 42).
+The random copy has the same config and tokenizer, fresh weights (the initialisation `unmask pretrain` starts from,
+seed 42).
 With several `--seeds` every encoder is fine-tuned once per seed (shuffling, dropout, head initialisation), so a
 difference between encoders can be read against the spread between seeds. `--train_samples N` fine-tunes on a
 seeded random N of SST-2's 67k training sentences instead (the same N for every encoder and seed): pretraining
@@ -29,13 +30,17 @@ from benchmarks.common import shared_data
 from unmask import models
 from unmask.config import config_from_dict
 from unmask.hub import load_tokenizer, read_config
+from unmask.models.bert import init_positions_sinusoidal
 from unmask.tasks.finetune import FinetuneArgs, finetune
 
 
 def random_copy(model_dir: str, out: Path) -> str:
-    """`model_dir`'s architecture and tokenizer with newly initialised weights."""
+    """`model_dir`'s architecture and tokenizer with newly initialised weights (as `unmask pretrain` starts them:
+    BERT positions from the sin/cos table, so the comparison isolates what pretraining learned)."""
     torch.manual_seed(42)
-    model = models.from_config(read_config(Path(model_dir)), "encoder")
+    config = read_config(Path(model_dir))
+    model = models.from_config(config, "encoder")
+    init_positions_sinusoidal(model, config.initializer_range)
     model.save_pretrained(out, tokenizer=load_tokenizer(model_dir))
     return str(out)
 

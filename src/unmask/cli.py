@@ -82,6 +82,8 @@ _HELP = {
     "objective": "mlm (masked-LM) or electra (generator + replaced-token detection; the export is the discriminator)",
     "generator_size": "electra: the generator's width as a fraction of the model's (1/4 to 1/2 usual)",
     "rtd_weight": "electra: loss = generator MLM + rtd_weight x replaced-token detection",
+    "position_init": "BERT: start the learned position embeddings from a sin/cos table (sinusoidal: local "
+                     "attention forms in far fewer steps, BENCHMARKS.md) or from noise as transformers does (normal)",
 }
 
 

@@ -196,3 +196,21 @@ def test_config_validation_and_round_trip(tmp_path):
     assert again == config and again.label2id == {"neg": 0, "pos": 1}
     hf = transformers.AutoConfig.from_pretrained(str(tmp_path))
     assert hf.hidden_size == 32 and hf.id2label == {0: "neg", 1: "pos"}
+
+
+def test_sinusoidal_positions_are_one_linear_map_apart():
+    """Row p + k of the table is row p times a matrix that depends on k only (what lets attention learn "look k
+    tokens ahead" once for every position); init scales it to the config's RMS and touches nothing else."""
+    from unmask.models.bert import init_positions_sinusoidal, sinusoidal_table
+
+    table = sinusoidal_table(512, 64)  # (P, H)
+    for k in (1, 3):
+        shift = torch.linalg.lstsq(table[:-k], table[k:]).solution  # (H, H)
+        assert (table[:-k] @ shift - table[k:]).abs().max() < 1e-3
+    model = BertForMaskedLM(BertConfig(**TINY))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    init_positions_sinusoidal(model, 0.02)
+    positions = model.bert.embeddings.position_embeddings.weight
+    assert abs(positions.pow(2).mean().sqrt().item() - 0.02) < 1e-6
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == {"bert.embeddings.position_embeddings.weight"}

@@ -103,6 +103,23 @@ def test_bad_arguments_are_refused(setup):
         args_for(setup, setup["root"] / "x", mlm_probability=0.0)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         pretrain(args_for(setup, setup["root"] / "x", max_seq_length=100))
+    with pytest.raises(ValueError, match="position_init"):
+        args_for(setup, setup["root"] / "x", position_init="learned")
+
+
+def test_positions_start_from_the_sinusoid_table_unless_told(setup):
+    """One step at a negligible learning rate: the exported positions are still their initial values."""
+    from unmask.models.bert import sinusoidal_table
+
+    key = "bert.embeddings.position_embeddings.weight"
+    tiny_step = dict(max_steps=1, warmup_steps=0, learning_rate=1e-12, validation_file=[])
+    pretrain(args_for(setup, setup["root"] / "sin", **tiny_step))
+    pretrain(args_for(setup, setup["root"] / "noise", position_init="normal", **tiny_step))
+    sin = load_file(str(setup["root"] / "sin" / "model.safetensors"))[key]  # (64, 32)
+    noise = load_file(str(setup["root"] / "noise" / "model.safetensors"))[key]
+    expected = sinusoidal_table(64, 32) * 0.02 * 2 ** 0.5  # RMS: the config's initializer_range
+    assert torch.allclose(sin, expected, atol=1e-6)
+    assert abs(noise.std().item() - 0.02) < 0.002 and (noise - expected).abs().max() > 0.02
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")

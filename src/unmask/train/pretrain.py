@@ -20,6 +20,7 @@ from unmask.data.collate import MLMCollator
 from unmask.data.pretraining import PackedDataset, build_token_cache
 from unmask.hub import atomic_write_text
 from unmask.models import from_config
+from unmask.models.bert import init_positions_sinusoidal
 from unmask.objectives.electra import ElectraPretrainer
 from unmask.tokenizer import Tokenizer, train_tokenizer
 from unmask.train.loop import (
@@ -35,6 +36,7 @@ from unmask.train.loop import (
 
 __all__ = ["PretrainArgs", "TrainingError", "evaluate_electra", "evaluate_mlm", "pretrain"]
 OBJECTIVES = ("mlm", "electra")
+POSITION_INITS = ("sinusoidal", "normal")
 
 
 def default_cache_root() -> Path:
@@ -49,6 +51,7 @@ class PretrainArgs(TrainingArgs):
     objective: str = "mlm"  # mlm | electra
     generator_size: float = 0.25  # electra: the generator's width as a fraction of the discriminator's
     rtd_weight: float = 50.0  # electra: loss = MLM + rtd_weight x replaced-token detection
+    position_init: str = "sinusoidal"  # BERT's learned positions start from: sinusoidal | normal (HF's noise)
     tokenizer: str | None = None  # an HF tokenizer directory; None trains one with vocab_size
     vocab_size: int = 30522
     max_seq_length: int = 128
@@ -67,6 +70,8 @@ class PretrainArgs(TrainingArgs):
             raise ValueError(f"--mlm_probability must be in (0, 1), got {self.mlm_probability}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.position_init not in POSITION_INITS:
+            raise ValueError(f"--position_init must be one of {', '.join(POSITION_INITS)}, got {self.position_init!r}")
 
 
 def prepare_tokenizer(args: PretrainArgs, dist: Distributed) -> Tokenizer:
@@ -169,6 +174,8 @@ def pretrain(args: PretrainArgs) -> dict:
         model = ElectraPretrainer(config, args.generator_size, args.rtd_weight)
     else:
         model = from_config(config, "masked-lm")
+    if args.position_init == "sinusoidal":  # a resumed run loads its weights over it
+        init_positions_sinusoidal(model, config.initializer_range)  # no effect on ModernBERT (rotary positions)
     train_data = packed(args.train_file, tokenizer, args, dist, args.cross_documents)
     valid_data = packed(args.validation_file, tokenizer, args, dist) if args.validation_file else None
     collate = MLMCollator.from_tokenizer(tokenizer, mlm_probability=args.mlm_probability,
