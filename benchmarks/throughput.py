@@ -14,7 +14,9 @@ so its peak resident memory is its own; the two implementations alternate over `
 MFU = useful training FLOPs per second / the machine's measured matmul peak in that precision (a 4096^3 product
 timed in this run, torch's default path). Useful FLOPs per step: 6 x (encoder dense parameters) x tokens, plus
 attention (QK^T and AV: 12 x layers x T x H per token), plus the MLM head at the masked positions only (6 x M x
-(H^2 + H x V)); the reference's full-vocabulary head over every position does extra work that is not counted.
+(H^2 + H x V)), less what the loss never reads: the last layer's attention output, feed-forward and query rows at
+the M unmasked positions (only its keys and values serve every token). The reference's full-vocabulary head over
+every position and its full last layer do extra work that is not counted.
 """
 
 from __future__ import annotations
@@ -62,10 +64,10 @@ def sync(device: str) -> None:
 def useful_flops(config, tokens: int, masked: int, length: int) -> float:
     H, I, L, V = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
     up = 3 if config.model_type == "modernbert" else 2  # GeGLU's Wi projects to 2 x intermediate
-    dense = L * (4 * H * H + up * H * I)  # q, k, v, out; up and down projections
-    attention = 2 * L * length * H  # QK^T and AV, multiply-adds per token
+    layer = 4 * H * H + up * H * I + 2 * length * H  # q, k, v, out; up and down; QK^T and AV (multiply-adds)
+    last_layer_keys = 2 * H * H  # at the unmasked positions the last layer only gives keys and values
     head = H * H + H * V
-    return 6 * (dense * tokens + attention * tokens + head * masked)
+    return 6 * ((L - 1) * layer * tokens + last_layer_keys * (tokens - masked) + (layer + head) * masked)
 
 
 def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int, length: int,

@@ -218,3 +218,18 @@ def test_sinusoidal_positions_are_one_linear_map_apart():
     assert abs(positions.pow(2).mean().sqrt().item() - 0.02) < 1e-6
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert changed == {"bert.embeddings.position_embeddings.weight"}
+
+
+def test_sparse_head_runs_the_last_feed_forward_at_labelled_rows_only():
+    """With labels, the last layer's attention output and feed-forward see the 5 labelled rows, not all N."""
+    ours = BertForMaskedLM(BertConfig(**TINY)).eval()
+    ids, mask, types, labels = batch()
+    rows_seen = []
+    for layer in ours.bert.encoder.layer:
+        layer.intermediate.dense.register_forward_hook(lambda m, inputs, out: rows_seen.append(inputs[0].shape[0]))
+    with torch.no_grad():
+        ours(ids, mask, types, labels=labels)
+    assert rows_seen == [int(mask.sum()), 5]
+    labels[1, 12] = 7  # a label on a padding position
+    with pytest.raises(ValueError, match="padding"):
+        ours(ids, mask, types, labels=labels)

@@ -27,6 +27,7 @@ from unmask.models.outputs import (
     EncoderOutput,
     MaskedLMOutput,
     check_inputs,
+    check_output_mask,
     classification_loss,
 )
 from unmask.models.padding import pad_input, unpad_input
@@ -100,8 +101,11 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
-        return self.output(self.self(x, attend), x)
+    def forward(self, x: torch.Tensor, attend: Attend, rows: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.self(x, attend)  # (N, H): every row is a key and a value
+        if rows is not None:  # only these rows' outputs are read: the rest of the layer runs on them alone
+            x, y = x[rows], y[rows]  # (M, H)
+        return self.output(y, x)
 
 
 class BertIntermediate(nn.Module):
@@ -127,8 +131,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
-        x = self.attention(x, attend)
+    def forward(self, x: torch.Tensor, attend: Attend, rows: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.attention(x, attend, rows)
         return self.output(self.intermediate(x), x)
 
 
@@ -137,9 +141,10 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
-        for layer in self.layer:
-            x = layer(x, attend)
+    def forward(self, x: torch.Tensor, attend: Attend, last_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`last_rows` (N,) bool: the rows whose output is wanted; the last layer computes only those."""
+        for i, layer in enumerate(self.layer):
+            x = layer(x, attend, last_rows if i == len(self.layer) - 1 else None)
         return x
 
 
@@ -209,7 +214,10 @@ class BertModel(HubMixin, nn.Module):
         return self.embeddings.word_embeddings
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> EncoderOutput:
+                token_type_ids: torch.Tensor | None = None, output_mask: torch.Tensor | None = None) -> EncoderOutput:
+        """`output_mask` (B, T) bool: return the last hidden states at these positions only, as (M, H) rows in
+        row-major order, and no pooler output. The last layer then runs its attention output and feed-forward at
+        those rows alone (a sparse MLM head reads ~15% of the positions; a fill-mask one or two a text)."""
         check_inputs(self.config, input_ids)
         B, T = input_ids.shape
         if token_type_ids is None:
@@ -223,6 +231,9 @@ class BertModel(HubMixin, nn.Module):
         def attend(q, k, v, dropout_p):  # (N, nh, hd) each; no token attends across sequences
             return attention.varlen(q, k, v, cu_seqlens, max_seqlen, None, dropout_p)
 
+        if output_mask is not None:
+            check_output_mask(output_mask, attention_mask)
+            return EncoderOutput(self.encoder(x, attend, output_mask.flatten()[indices]))  # (M, H)
         x = pad_input(self.encoder(x, attend), indices, B, T)  # (B, T, H), zeros at padding
         return EncoderOutput(x, self.pooler(x) if self.pooler is not None else None)
 
@@ -262,8 +273,9 @@ class BertOnlyMLMHead(nn.Module):
 class BertForMaskedLM(HubMixin, nn.Module):
     """BERT with its masked-LM head; the decoder shares the word-embedding matrix.
 
-    With `labels`, the head runs only at the labelled positions (sparse prediction): the loss equals the one computed
-    from full logits, without the (B, T, V) tensor. `logits` is then (N, V) in row-major order of those positions.
+    With `labels`, the head and the last layer's attention output and feed-forward run only at the labelled positions
+    (sparse prediction): the loss equals the one computed from full logits, without the (B, T, V) tensor. `logits`
+    is then (N, V) in row-major order of those positions.
     """
 
     base_model_prefix = "bert"
@@ -283,11 +295,12 @@ class BertForMaskedLM(HubMixin, nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> MaskedLMOutput:
-        x = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
         if labels is None:
+            x = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
             return MaskedLMOutput(None, self.cls(x))
         labelled = labels != IGNORE_INDEX  # (B, T)
-        logits = self.cls(x[labelled])  # (N, V): the vocabulary projection only where a label is
+        x = self.bert(input_ids, attention_mask, token_type_ids, output_mask=labelled).last_hidden_state  # (N, H)
+        logits = self.cls(x)  # (N, V): the vocabulary projection only where a label is
         return MaskedLMOutput(mlm_loss(logits, labels[labelled]), logits, labelled)
 
 

@@ -23,7 +23,14 @@ from unmask.config import ModernBertConfig
 from unmask.data.masking import IGNORE_INDEX
 from unmask.hub import HubMixin
 from unmask.models import attention, rope
-from unmask.models.outputs import ClassifierOutput, EncoderOutput, MaskedLMOutput, check_inputs, classification_loss
+from unmask.models.outputs import (
+    ClassifierOutput,
+    EncoderOutput,
+    MaskedLMOutput,
+    check_inputs,
+    check_output_mask,
+    classification_loss,
+)
 from unmask.models.padding import pad_input, positions_in_sequence, unpad_input
 from unmask.objectives.mlm import mlm_loss
 
@@ -92,8 +99,11 @@ class ModernBertEncoderLayer(nn.Module):
         self.mlp_norm = layer_norm(config)
         self.mlp = ModernBertMLP(config)
 
-    def forward(self, x: torch.Tensor, cos_sin: dict, attend: Attend) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos_sin, attend)  # pre-norm residual blocks
+    def forward(self, x: torch.Tensor, cos_sin: dict, attend: Attend, rows: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.attn(self.attn_norm(x), cos_sin, attend)  # every row is a key and a value
+        if rows is not None:  # only these rows' outputs are read: the feed-forward runs on them alone
+            x, h = x[rows], h[rows]  # (M, H)
+        x = x + h  # pre-norm residual blocks
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -152,8 +162,10 @@ class ModernBertModel(HubMixin, nn.Module):
         return tables
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> EncoderOutput:
-        """`token_type_ids` is accepted and ignored: ModernBERT has no segment embeddings."""
+                token_type_ids: torch.Tensor | None = None, output_mask: torch.Tensor | None = None) -> EncoderOutput:
+        """`token_type_ids` is accepted and ignored: ModernBERT has no segment embeddings. `output_mask` (B, T)
+        bool: return the last hidden states at these positions only, (M, H) in row-major order; the last layer's
+        feed-forward then runs at those rows alone (what a sparse MLM head reads)."""
         check_inputs(self.config, input_ids)
         if self.attn_backend not in BACKENDS:
             raise ValueError(f"attn_backend must be one of {BACKENDS}, got {self.attn_backend!r}")
@@ -177,9 +189,15 @@ class ModernBertModel(HubMixin, nn.Module):
                 y = attention.local_or_global(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                               None if is_global else window, attention_mask, self._dropout())
                 return y.transpose(1, 2)
-        for layer in self.layers:
-            x = layer(x, cos_sin, attend)
+        rows = None
+        if output_mask is not None:
+            check_output_mask(output_mask, attention_mask)
+            rows = output_mask.flatten()[indices] if self.attn_backend == "varlen" else output_mask  # (N,) / (B, T)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos_sin, attend, rows if i == len(self.layers) - 1 else None)
         x = self.final_norm(x)
+        if rows is not None:
+            return EncoderOutput(x)  # (M, H)
         if self.attn_backend == "varlen":
             x = pad_input(x, indices, B, T)  # (B, T, H), zeros at padding
         return EncoderOutput(x)
@@ -212,7 +230,8 @@ class _WithEncoder(HubMixin, nn.Module):
 
 
 class ModernBertForMaskedLM(_WithEncoder):
-    """The MLM head; with `labels` it runs only at the labelled positions (sparse prediction)."""
+    """The MLM head; with `labels` it, and the last layer's feed-forward, run only at the labelled positions (sparse
+    prediction)."""
 
     def __init__(self, config: ModernBertConfig):
         super().__init__()
@@ -233,11 +252,12 @@ class ModernBertForMaskedLM(_WithEncoder):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> MaskedLMOutput:
-        x = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
         if labels is None:
+            x = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
             return MaskedLMOutput(None, self.decoder(self.head(x)))
         labelled = labels != IGNORE_INDEX  # (B, T)
-        logits = self.decoder(self.head(x[labelled]))  # (N, V)
+        x = self.model(input_ids, attention_mask, output_mask=labelled).last_hidden_state  # (N, H)
+        logits = self.decoder(self.head(x))  # (N, V)
         return MaskedLMOutput(mlm_loss(logits, labels[labelled]), logits, labelled)
 
 

@@ -46,3 +46,12 @@ def check_inputs(config, input_ids: torch.Tensor) -> None:
     if input_ids.numel() and (int(input_ids.max()) >= config.vocab_size or int(input_ids.min()) < 0):
         raise ValueError(f"token id {int(input_ids.max())} is outside the model's vocabulary of {config.vocab_size}:"
                          " the tokenizer does not match the model")
+
+
+def check_output_mask(output_mask: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    """The positions asked for (the labelled ones under a sparse head) must be real tokens."""
+    if output_mask.shape != attention_mask.shape:
+        raise ValueError(f"output_mask (the labels) is {tuple(output_mask.shape)}, the input "
+                         f"{tuple(attention_mask.shape)}")
+    if bool((output_mask & ~attention_mask.bool()).any()):
+        raise ValueError("labels mark padding positions (attention_mask 0): label real tokens only")

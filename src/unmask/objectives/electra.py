@@ -129,8 +129,9 @@ class ElectraPretrainer(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         masked = labels != IGNORE_INDEX  # (B, T)
-        hidden = self.generator(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H_gen)
-        generator_logits = self.generator_predictions(hidden[masked])  # (N, V)
+        # the generator's last layer and head run at the masked positions only
+        hidden = self.generator(input_ids, attention_mask, token_type_ids, output_mask=masked).last_hidden_state
+        generator_logits = self.generator_predictions(hidden)  # (N, V) from (N, H_gen)
         generator_loss = mlm_loss(generator_logits, labels[masked])
         with torch.no_grad():  # sampling is not differentiable: the discriminator's loss stops here
             sampled = torch.multinomial(F.softmax(generator_logits.float(), dim=-1), 1).squeeze(-1)  # (N,)
