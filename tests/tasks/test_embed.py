@@ -78,6 +78,16 @@ def test_long_inputs_are_the_mean_of_their_windows(minilm_dir):
     assert cosine_gap(ours[:1], encoder.encode([short], truncation="error")) == 0.0  # short inputs: one window
 
 
+def test_encode_runs_without_dropout_and_keeps_the_training_mode(minilm_dir):
+    """Mid-fine-tuning the model is in training mode; encode (each epoch's evaluation) must not embed with dropout."""
+    encoder = SentenceEncoder.from_pretrained(minilm_dir)
+    sentences = ["the sailor painted the lighthouse", "a storm came in from the sea at night"]
+    expected = encoder.encode(sentences)
+    encoder.model.train()
+    assert cosine_gap(encoder.encode(sentences), expected) <= 1e-6  # with dropout 0.1 it is ~1e-2
+    assert encoder.model.training
+
+
 def test_truncation_error_mode_and_bad_sentences(minilm_dir):
     encoder = SentenceEncoder.from_pretrained(minilm_dir)
     with pytest.raises(ValueError, match="input 0 is 302 tokens, longer than the context of 256"):

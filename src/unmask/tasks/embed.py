@@ -154,6 +154,20 @@ class SentenceEncoder:
         ("error")."""
         windows = self.windows(sentences, truncation, stride)
         ids = windows.input_ids
+        was_training = self.model.training
+        self.model.eval()  # no dropout, even mid-fine-tuning (the evaluation of each epoch calls this)
+        try:
+            vectors = self._encode_windows(ids, batch_size, show_progress)
+        finally:
+            self.model.train(was_training)
+        if len(ids) > len(sentences):  # some sentences were read in several windows
+            vectors = mean_by_owner(vectors, windows.owner, len(sentences))
+        if self.normalize if normalize is None else normalize:
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return vectors
+
+    def _encode_windows(self, ids: list[list[int]], batch_size: int, show_progress: bool | None) -> np.ndarray:
+        """(N, H) pooled vectors of token-id sequences, batched by length."""
         order = np.argsort([-len(seq) for seq in ids], kind="stable")  # longest first: memory peaks at once
         vectors = np.empty((len(ids), self.dimension), dtype=np.float32)
         show = len(ids) > 1000 if show_progress is None else show_progress
@@ -162,10 +176,6 @@ class SentenceEncoder:
             input_ids, attention_mask = pad_batch([ids[i] for i in rows], self.tokenizer.pad_token_id)
             hidden = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
             vectors[rows] = pool(hidden, attention_mask, self.pooling).float().numpy()
-        if len(ids) > len(sentences):  # some sentences were read in several windows
-            vectors = mean_by_owner(vectors, windows.owner, len(sentences))
-        if self.normalize if normalize is None else normalize:
-            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return vectors
 
     def save_pretrained(self, output_dir: str | Path) -> Path:

@@ -156,11 +156,8 @@ def _embed_setup(args: FinetuneArgs, tokenizer, device):
         return BiEncoder(encoder), train, None
     valid = read_sts(args.validation_file)
 
-    def evaluate() -> dict:
-        was_training = encoder.model.training
-        result = evaluate_sts(encoder, *valid, batch_size=args.per_device_eval_batch_size)
-        encoder.model.train(was_training)
-        return result
+    def evaluate() -> dict:  # encode() runs the model in eval mode and puts it back in training mode
+        return evaluate_sts(encoder, *valid, batch_size=args.per_device_eval_batch_size)
 
     return BiEncoder(encoder), train, evaluate
 
