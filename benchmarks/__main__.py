@@ -40,9 +40,12 @@ def ratios(out: Path) -> dict[str, float]:
         found["embeddings MiniLM fp32"] = data["embeddings"]["ratio"]
         if "ratio_int8" in data["embeddings"]:
             found["embeddings MiniLM --int8"] = data["embeddings"]["ratio_int8"]
+        if "ratio_bf16" in data["embeddings"]:
+            found["embeddings MiniLM bf16"] = data["embeddings"]["ratio_bf16"]
         found["fill-mask batch 1"] = data["fill-mask"]["batch 1"]["ratio"]
         found["fill-mask batch 32"] = data["fill-mask"]["batch 32"]["ratio"]
-        found["bert-base latency (1 x 128)"] = data["latency bert-base 128 tokens"]["ratio"]
+        for precision, row in data["latency bert-base 128 tokens"].items():
+            found[f"bert-base latency (1 x 128) {precision}"] = row["ratio"]
         found["tokenization"] = data["tokenization"]["ratio"]
     return found  # serve_load compares our batching with our one-request passes: its table, not this chart
 

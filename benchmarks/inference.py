@@ -4,10 +4,13 @@
 
 - embeddings: all-MiniLM-L6-v2 (the PyPI package) on sentences of 10-120 words from the Gutenberg validation
   books, `SentenceEncoder.encode` vs `sentence_transformers.SentenceTransformer.encode`, batch 32, fp32; the
-  outputs must agree (min cosine >= 0.9999); also our `--int8` mode, its speed and its STS-B dev Spearman drop.
+  outputs must agree (min cosine >= 0.9999); also our `--int8` mode, its speed and its STS-B dev Spearman drop;
+  and, on a CPU with native bf16 (AVX512-BF16 or AMX), both in bf16 weights (ours `bf16=True`, theirs
+  `.to(torch.bfloat16)`), with their cosine to the fp32 vectors.
 - fill-mask: all-MiniLM-L6-v2's encoder under a masked-LM head (tied decoder), batch 1 and 32, ours vs the
   `transformers` fill-mask pipeline on the same directory (same top-5 tokens checked).
-- latency: one 128-token input through bert-base (random weights, 110M parameters), ours vs transformers' BertModel.
+- latency: one 128-token input through bert-base (random weights, 110M parameters), ours vs transformers' BertModel;
+  also both in bf16 weights on a CPU with native bf16.
 - tokenization: our Tokenizer.encode_batch vs transformers' fast tokenizer on the same sentences.
 """
 
@@ -44,6 +47,8 @@ def embeddings(model_dir: str, texts: list[str], rounds: int) -> dict:
 
     from unmask.tasks.embed import SentenceEncoder
 
+    from unmask.train.loop import cpu_has_fast_bf16
+
     ours = SentenceEncoder.from_pretrained(model_dir)
     int8 = SentenceEncoder.from_pretrained(model_dir, int8=True)
     theirs = SentenceTransformer(model_dir, device="cpu")
@@ -51,19 +56,32 @@ def embeddings(model_dir: str, texts: list[str], rounds: int) -> dict:
     def run(encoder):
         return lambda: encoder.encode(texts, batch_size=32, truncation="truncate", show_progress=False)
 
-    a, b, c = run(ours)(), theirs.encode(texts, batch_size=32, convert_to_numpy=True), run(int8)()
-    seconds = alternate({"unmask": run(ours), "sentence-transformers": lambda: theirs.encode(texts, batch_size=32),
-                         "unmask --int8": run(int8)}, rounds)
+    def run_theirs(model):
+        return lambda: model.encode(texts, batch_size=32, convert_to_numpy=True)
+
+    contenders = {"unmask": run(ours), "sentence-transformers": run_theirs(theirs), "unmask --int8": run(int8)}
+    if cpu_has_fast_bf16():  # elsewhere bf16 is emulated and both sides would crawl
+        contenders["unmask --bf16"] = run(SentenceEncoder.from_pretrained(model_dir, bf16=True))
+        contenders["sentence-transformers bf16"] = run_theirs(SentenceTransformer(model_dir, device="cpu")
+                                                              .to(torch.bfloat16))
+    vectors = {k: np.asarray(f(), dtype=np.float32) for k, f in contenders.items()}
+    seconds = alternate(contenders, rounds)
     rate = {k: len(texts) / v for k, v in seconds.items()}
+    exact = vectors["sentence-transformers"]
     result = {"sentences_per_second": rate, "ratio": rate["unmask"] / rate["sentence-transformers"],
               "ratio_int8": rate["unmask --int8"] / rate["sentence-transformers"],
-              "min_cosine": float(_cosine(a, b).min()), "int8_min_cosine": float(_cosine(c, b).min())}
+              "min_cosine": {k: float(_cosine(v, exact).min()) for k, v in vectors.items()}}
+    if "unmask --bf16" in rate:
+        result["ratio_bf16"] = rate["unmask --bf16"] / rate["sentence-transformers bf16"]
     if SHARED_DATA.joinpath("stsb", "sts-dev.csv").exists():
         from unmask.tasks.embed_eval import evaluate_sts, read_sts
 
         pairs = read_sts(SHARED_DATA / "stsb" / "sts-dev.csv")
+        modes = [("fp32", ours), ("int8", int8)]
+        if "unmask --bf16" in rate:
+            modes.append(("bf16", SentenceEncoder.from_pretrained(model_dir, bf16=True)))
         result["stsb_dev_spearman"] = {name: evaluate_sts(model, *pairs, batch_size=64)["spearman"]
-                                       for name, model in (("fp32", ours), ("int8", int8))}
+                                       for name, model in modes}
     return result
 
 
@@ -117,7 +135,9 @@ def latency(rounds: int) -> dict:
     import transformers
 
     from unmask.config import load_config
+    from unmask.models import for_inference
     from unmask.models.bert import BertModel
+    from unmask.train.loop import cpu_has_fast_bf16
 
     config = load_config("bert-base")
     torch.manual_seed(0)
@@ -128,14 +148,20 @@ def latency(rounds: int) -> dict:
     theirs.load_state_dict(ours.state_dict(), strict=True)
     ids = torch.randint(1000, config.vocab_size, (1, 128))
     mask = torch.ones_like(ids)
-    with torch.inference_mode():
-        diff = (ours(ids, mask).last_hidden_state - theirs(input_ids=ids, attention_mask=mask).last_hidden_state)
-        for _ in range(3):
-            ours(ids, mask), theirs(input_ids=ids, attention_mask=mask)
-        seconds = alternate({"unmask": lambda: ours(ids, mask),
-                             "transformers": lambda: theirs(input_ids=ids, attention_mask=mask)}, rounds * 10)
-    ms = {k: 1000 * v for k, v in seconds.items()}
-    return {"ms": ms, "ratio": ms["transformers"] / ms["unmask"], "max_abs_diff": float(diff.abs().max())}
+    result = {}
+    for precision in ["fp32", "bf16"] if cpu_has_fast_bf16() else ["fp32"]:
+        if precision == "bf16":
+            ours, theirs = for_inference(ours, bf16=True), theirs.to(torch.bfloat16)
+        with torch.inference_mode():
+            diff = (ours(ids, mask).last_hidden_state - theirs(input_ids=ids, attention_mask=mask).last_hidden_state)
+            for _ in range(3):
+                ours(ids, mask), theirs(input_ids=ids, attention_mask=mask)
+            seconds = alternate({"unmask": lambda: ours(ids, mask),
+                                 "transformers": lambda: theirs(input_ids=ids, attention_mask=mask)}, rounds * 10)
+        ms = {k: 1000 * v for k, v in seconds.items()}
+        result[precision] = {"ms": ms, "ratio": ms["transformers"] / ms["unmask"],
+                             "max_abs_diff": float(diff.float().abs().max())}
+    return result
 
 
 def tokenization(model_dir: str, texts: list[str], rounds: int) -> dict:

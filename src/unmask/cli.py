@@ -68,7 +68,8 @@ _HELP = {
     "resume_from_checkpoint": "a checkpoint-N directory, or 'latest' (newest complete one in --output_dir)",
     "cross_documents": "pack sequences across document boundaries (default: never cross)",
     "whole_word_mask": "mask all pieces of a word together",
-    "bf16": "bfloat16 autocast (fp32 master weights)",
+    "bf16": "bfloat16: training runs under autocast (fp32 master weights); serving casts the weights (fast on GPUs "
+            "and CPUs with AVX512-BF16 or AMX)",
     "max_batch_tokens": "real tokens per forward pass: concurrent requests are packed up to it",
     "max_client_batch_size": "inputs per request",
     "forward_batch_size": "sequences per forward pass: the batched requests' inputs run length-sorted, this many "
@@ -77,6 +78,8 @@ _HELP = {
     "truncation": "for requests that do not send 'truncate': refuse longer inputs (error) or cut them (truncate)",
     "payload_limit": "bytes per request body",
     "int8": "CPU only: int8 dynamically quantised linear layers, faster and slightly less accurate (BENCHMARKS.md)",
+    "bf16_inference": "bfloat16 weights and activations: faster on GPUs and on CPUs with AVX512-BF16 or AMX "
+                      "(outputs within bf16 rounding of fp32; BENCHMARKS.md)",
     "attn_backend": "ModernBERT attention: sdpa (padded batch, sliding-window mask) or varlen (unpadded tokens, "
                     "FlashAttention's varlen kernel on a GPU where installed); no effect on BERT, which always unpads",
     "objective": "mlm (masked-LM) or electra (generator + replaced-token detection; the export is the discriminator)",
@@ -139,7 +142,7 @@ def _run_predict(args) -> None:
     from unmask.tasks.predict import predict_classify, predict_rerank
     from unmask.tasks.tag import predict_entities
 
-    model = load_head_model("pair" if args.task == "rerank" else args.task, args.model, int8=args.int8)
+    model = load_head_model("pair" if args.task == "rerank" else args.task, args.model, int8=args.int8, bf16=args.bf16)
     tokenizer = load_tokenizer(args.model, model.config)
     long_inputs = {"truncation": args.truncation, "stride": args.stride}
     if args.task == "classify":
@@ -183,7 +186,7 @@ def _run_fill_mask(args) -> None:
     from unmask.models import from_pretrained
     from unmask.serve.fill_mask import fill_mask
 
-    model = from_pretrained(args.model, "masked-lm", int8=args.int8)
+    model = from_pretrained(args.model, "masked-lm", int8=args.int8, bf16=args.bf16)
     tokenizer = load_tokenizer(args.model, model.config)
     results = fill_mask(model, tokenizer, args.texts, top_k=args.top_k)
     if args.json:
@@ -215,7 +218,7 @@ def _run_embed(args) -> None:
 
     from unmask.tasks.embed import SentenceEncoder
 
-    encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length, int8=args.int8)
+    encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length, int8=args.int8, bf16=args.bf16)
     sentences = _read_sentences(args.input)
     vectors = encoder.encode(sentences, batch_size=args.batch_size, normalize=args.normalize,
                              truncation=args.truncation, stride=args.stride)
@@ -227,7 +230,7 @@ def _run_eval_sts(args) -> None:
     from unmask.tasks.embed import SentenceEncoder
     from unmask.tasks.embed_eval import evaluate_sts, read_sts
 
-    encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8)
+    encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
     pairs = read_sts(args.file, args.sentence1_column, args.sentence2_column, args.score_column)
     result = evaluate_sts(encoder, *pairs, batch_size=args.batch_size)
     print(json.dumps(result) if args.json else
@@ -238,14 +241,16 @@ def _run_eval_retrieval(args) -> None:
     from unmask.tasks.embed import SentenceEncoder
     from unmask.tasks.embed_eval import evaluate_retrieval
 
-    encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8)
+    encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
     result = evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size,
                                 truncation=args.truncation, stride=args.stride)
     print(json.dumps(result) if args.json else "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
 
 
-def _add_int8(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--int8", action="store_true", help=_HELP["int8"])
+def _add_inference_precision(parser: argparse.ArgumentParser) -> None:
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--int8", action="store_true", help=_HELP["int8"])
+    choice.add_argument("--bf16", action="store_true", help=_HELP["bf16_inference"])
 
 
 def _add_truncation(parser: argparse.ArgumentParser, limit: str) -> None:
@@ -299,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("texts", nargs="+", help="texts (rerank: the query, then the documents)")
     predict.add_argument("--top_k", type=int, default=1, help="classify: how many labels to return")
     _add_truncation(predict, "the model's context")
-    _add_int8(predict)
+    _add_inference_precision(predict)
     predict.set_defaults(run=_run_predict)
 
     evaluate = commands.add_parser("eval", help="evaluate a model")
@@ -336,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     sts.add_argument("--score_column", default=None, help="column of the gold score (default score)")
     sts.add_argument("--batch_size", type=int, default=64)
     sts.add_argument("--json", action="store_true")
-    _add_int8(sts)
+    _add_inference_precision(sts)
     sts.set_defaults(run=_run_eval_sts)
     retrieval = eval_commands.add_parser("retrieval", help="BEIR-style retrieval: nDCG@10, recall@100, MRR@10")
     retrieval.add_argument("--model", required=True)
@@ -346,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval.add_argument("--batch_size", type=int, default=64)
     retrieval.add_argument("--json", action="store_true")
     _add_truncation(retrieval, "the model's max_seq_length")
-    _add_int8(retrieval)
+    _add_inference_precision(retrieval)
     retrieval.set_defaults(run=_run_eval_retrieval)
 
     embed = commands.add_parser("embed", help="sentence embeddings of a text file (one sentence per line)")
@@ -358,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="L2-normalise (default: as the model directory says)")
     embed.add_argument("--max_seq_length", type=int, default=None)
     _add_truncation(embed, "max_seq_length")
-    _add_int8(embed)
+    _add_inference_precision(embed)
     embed.set_defaults(run=_run_embed)
 
     fill = commands.add_parser("fill-mask", help="top-k fillers for each [MASK] in the text(s)")
@@ -366,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("texts", nargs="+", help="text(s) with at least one [MASK]")
     fill.add_argument("--top_k", type=int, default=5)
     fill.add_argument("--json", action="store_true", help="print the transformers pipeline's JSON shape")
-    _add_int8(fill)
+    _add_inference_precision(fill)
     fill.set_defaults(run=_run_fill_mask)
 
     from unmask.serve.server import ServeOptions

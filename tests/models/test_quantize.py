@@ -1,4 +1,5 @@
-"""The opt-in int8 inference mode: every linear layer quantised, outputs close to fp32, accuracy cost bounded."""
+"""The opt-in inference modes: int8 (every linear layer quantised, outputs close to fp32, accuracy cost bounded)
+and bf16 (weights and activations in bfloat16, outputs within its rounding of fp32)."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch.nn as nn
 from conftest import shared_data
 from unmask import models
 from unmask.config import load_config
+from unmask.models import for_inference
 from unmask.models.quantize import quantize_int8
 from unmask.tasks.embed import SentenceEncoder
 
@@ -65,3 +67,35 @@ def test_refuses_bf16_weights():
     model = models.from_config(load_config("bert-tiny", vocab_size=500), "encoder").to(torch.bfloat16)
     with pytest.raises(ValueError, match="float32"):
         quantize_int8(model)
+
+
+@pytest.mark.parametrize("preset", ["bert-tiny", "modernbert-tiny"])
+def test_bf16_inference_stays_close_to_fp32(preset):
+    torch.manual_seed(0)
+    model = models.from_config(load_config(preset, vocab_size=500, pad_token_id=0), "masked-lm").eval()
+    ids = torch.randint(5, 500, (3, 24))
+    mask = torch.ones_like(ids)
+    mask[1, 15:] = 0
+    with torch.inference_mode():
+        reference = model(ids, mask).logits
+        logits = for_inference(model, bf16=True)(ids, mask).logits
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    real = mask.bool()
+    cosine = torch.nn.functional.cosine_similarity(logits[real].float(), reference[real], dim=-1)
+    assert cosine.min() > 0.99, cosine.min()
+
+
+def test_minilm_embeddings_in_bf16_stay_close_to_fp32(minilm_dir):
+    fp32 = SentenceEncoder.from_pretrained(minilm_dir).encode(SENTENCES)
+    encoder = SentenceEncoder.from_pretrained(minilm_dir, bf16=True)
+    bf16 = encoder.encode(SENTENCES)
+    assert bf16.dtype == np.float32 and encoder.model.embeddings.word_embeddings.weight.dtype == torch.bfloat16
+    cosine = (fp32 * bf16).sum(1) / (np.linalg.norm(fp32, axis=1) * np.linalg.norm(bf16, axis=1))
+    assert cosine.min() > 0.998, cosine  # 8 mantissa bits through 6 layers
+    assert cosine.max() < 0.999999  # it did run in bf16
+
+
+def test_int8_and_bf16_exclude_each_other():
+    model = models.from_config(load_config("bert-tiny", vocab_size=500), "encoder")
+    with pytest.raises(ValueError, match="choose one"):
+        for_inference(model, int8=True, bf16=True)

@@ -266,3 +266,11 @@ def test_int8_option_quantises_the_served_model(model_dirs, head):
     assert served.head == head
     assert not any(isinstance(m, torch.nn.Linear) for m in served.model.modules())
     assert any(isinstance(m, torch.nn.Linear) for m in ServedModel(model_dirs[head]).model.modules())
+
+
+@pytest.mark.parametrize("head", ["embed", "classify", "fill-mask", "tag"])
+def test_bf16_option_casts_the_served_model(model_dirs, head):
+    from unmask.serve.server import ServedModel
+
+    served = ServedModel(model_dirs[head], bf16=True)
+    assert {p.dtype for p in served.model.parameters()} == {torch.bfloat16}

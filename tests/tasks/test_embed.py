@@ -187,6 +187,11 @@ def test_embed_command(tmp_path, minilm_dir):
     assert done.returncode == 0, done.stderr
     int8 = np.load(out)
     assert 0.95 < (int8 * fp32).sum(1).min() and (int8 * fp32).sum(1).max() < 0.9999  # quantised, still close
+    done = subprocess.run(run + ["--bf16"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert 0.998 < (np.load(out) * fp32).sum(1).min()  # bfloat16 rounding only
+    done = subprocess.run(run + ["--bf16", "--int8"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not allowed with argument" in done.stderr
     done = subprocess.run(run + ["--no-normalize"], capture_output=True, text=True, timeout=120)
     assert not np.allclose(np.linalg.norm(np.load(out), axis=1), 1, atol=1e-3)
     sentences.write_text("one\n\nthree\n")

@@ -54,10 +54,13 @@ class ServeOptions:
     truncation: str = "error"  # for requests that do not say: "error" (413) or "truncate" (TEI's --auto-truncate)
     payload_limit: int = 2_000_000  # bytes per request body
     int8: bool = False  # CPU: int8 dynamically quantised linear layers (models/quantize.py)
+    bf16: bool = False  # bfloat16 weights and activations (GPUs; CPUs with AVX512-BF16 or AMX)
 
     def __post_init__(self):
         if self.truncation not in ("error", "truncate"):
             raise ValueError(f"--truncation must be error or truncate, got {self.truncation!r}")
+        if self.int8 and self.bf16:
+            raise ValueError("--int8 and --bf16 exclude each other: choose one")
         for name in ("max_batch_tokens", "max_client_batch_size", "forward_batch_size", "payload_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
@@ -76,7 +79,7 @@ class ServedModel:
     """A model directory and the one thing it answers; `run` is called on the batching thread with many inputs."""
 
     def __init__(self, path: str | Path, max_input_length: int | None = None, forward_batch_size: int = 32,
-                 int8: bool = False):
+                 int8: bool = False, bf16: bool = False):
         from unmask import models
         from unmask.tasks.embed import SentenceEncoder
 
@@ -86,12 +89,12 @@ class ServedModel:
         self.head = head_of(self.path)
         self.encoder = None
         if self.head == "embed":
-            self.encoder = SentenceEncoder.from_pretrained(self.path, int8=int8)
+            self.encoder = SentenceEncoder.from_pretrained(self.path, int8=int8, bf16=bf16)
             self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
             context = self.encoder.max_seq_length
         else:
             task = {"fill-mask": "masked-lm", "classify": "sequence-classification", "tag": "token-classification"}
-            self.model = models.from_pretrained(self.path, task[self.head], int8=int8).eval()
+            self.model = models.from_pretrained(self.path, task[self.head], int8=int8, bf16=bf16).eval()
             self.tokenizer = load_tokenizer(self.path, read_config(self.path))
             context = self.model.config.max_position_embeddings
         if max_input_length is not None and max_input_length < 3:
@@ -473,7 +476,8 @@ def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8080, options: Se
     import uvicorn
 
     options = options or ServeOptions()
-    model = ServedModel(model_dir, options.max_input_length, options.forward_batch_size, options.int8)
+    model = ServedModel(model_dir, options.max_input_length, options.forward_batch_size, options.int8,
+                        options.bf16)
     print(f"unmask serve: {model.path} ({model.head}; routes {', '.join('/' + r for r in model.routes)}) "
           f"on http://{host}:{port}", flush=True)
     uvicorn.run(create_app(model, options), host=host, port=port, log_level=log_level,

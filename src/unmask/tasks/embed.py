@@ -20,9 +20,8 @@ from tqdm.auto import tqdm
 from unmask.data.collate import pad_batch
 from unmask.data.windows import Windows, make_windows, mean_by_owner
 from unmask.hub import CheckpointError, atomic_write_text, load_tokenizer, load_weights, read_config, read_weights
-from unmask.models import model_class
+from unmask.models import for_inference, model_class
 from unmask.models.bert import BertModel
-from unmask.models.quantize import quantize_int8
 from unmask.objectives.contrastive import cosent_loss, in_batch_negatives_loss
 
 POOLING_MODES = ("mean", "cls", "max")
@@ -105,9 +104,10 @@ class SentenceEncoder:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, pooling: str | None = None, normalize: bool | None = None,
-                        max_seq_length: int | None = None, int8: bool = False) -> "SentenceEncoder":
+                        max_seq_length: int | None = None, int8: bool = False,
+                        bf16: bool = False) -> "SentenceEncoder":
         """A sentence-transformers directory or a bare HF encoder directory (mean pooling unless told);
-        `int8`: quantised for CPU inference (models/quantize.py)."""
+        `int8` / `bf16`: for faster inference (models.for_inference); vectors come back float32 either way."""
         path = Path(path)
         if not path.is_dir():
             raise CheckpointError(f"{path}: model directory not found")
@@ -119,8 +119,7 @@ class SentenceEncoder:
         else:
             model = model_class(config.model_type, "encoder")(config)
         load_weights(model, state, str(path))
-        if int8:
-            quantize_int8(model)
+        model = for_inference(model, int8, bf16)
         tokenizer = load_tokenizer(path, config)
         length = max_seq_length or layout["max_seq_length"]
         if length is None and tokenizer.model_max_length < config.max_position_embeddings:

@@ -27,9 +27,9 @@ HEADS = {"classify": "sequence-classification", "pair": "sequence-classification
 HEAD_TASKS = tuple(HEADS)  # the tasks with a head of their own (embed trains the encoder itself)
 
 
-def load_head_model(task: str, path: str, int8: bool = False, **config_overrides):
+def load_head_model(task: str, path: str, int8: bool = False, bf16: bool = False, **config_overrides):
     """The fine-tuning class of the directory's architecture (BERT or ModernBERT) for `task`."""
-    return models.from_pretrained(path, HEADS[task], int8=int8, **config_overrides)
+    return models.from_pretrained(path, HEADS[task], int8=int8, bf16=bf16, **config_overrides)
 
 
 @dataclass(kw_only=True)
