@@ -218,7 +218,8 @@ def _run_embed(args) -> None:
 
     from unmask.tasks.embed import SentenceEncoder
 
-    encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length, int8=args.int8, bf16=args.bf16)
+    encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length, int8=args.int8,
+                                              bf16=args.bf16)
     sentences = _read_sentences(args.input)
     vectors = encoder.encode(sentences, batch_size=args.batch_size, normalize=args.normalize,
                              truncation=args.truncation, stride=args.stride)
