@@ -83,7 +83,7 @@ def minilm_tokenizer_dir() -> str:
 
 
 def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int, length: int,
-            device: str = "cpu") -> dict:
+            device: str = "cpu", compile_model: bool = False) -> dict:
     """Runs in its own process: `steps` timed training steps after 2 warm-up steps."""
     import torch
 
@@ -131,6 +131,7 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
                                for r in rows])
 
     model.to(device).train()
+    forward = torch.compile(model) if compile_model else model  # both sides alike (Trainer's torch_compile=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
     autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
     times, masked = [], []
@@ -142,7 +143,7 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
             start = time.perf_counter()
             batch_tensors = {k: v.to(device) for k, v in collate(rows).items()}
             with autocast:
-                out = model(input_ids=batch_tensors["input_ids"], attention_mask=batch_tensors["attention_mask"],
+                out = forward(input_ids=batch_tensors["input_ids"], attention_mask=batch_tensors["attention_mask"],
                             labels=batch_tensors["labels"])
             out.loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -180,7 +181,7 @@ def compare(args) -> dict:
                 order = ["unmask", "transformers"] if r % 2 == 0 else ["transformers", "unmask"]
                 for impl in order:
                     runs[impl].append(run_isolated(impl, config_name, precision, args.steps, args.batch_size,
-                                                   LENGTH, args.device))
+                                                   LENGTH, args.device, int(args.torch_compile)))
             row = {}
             for impl, rs in runs.items():
                 speed = statistics.median(r["tokens_per_second"] for r in rs)
@@ -203,7 +204,8 @@ def scaling(args) -> dict:
     for config_name in ("bert-mini", "modernbert-mini"):
         for length in args.lengths:
             batch = max(1, 8192 // length)
-            r = run_isolated("unmask", config_name, "fp32", args.steps, batch, length, args.device)
+            r = run_isolated("unmask", config_name, "fp32", args.steps, batch, length, args.device,
+                             int(args.torch_compile))
             results[f"{config_name} {length}"] = {"length": length, "batch": batch, **r}
             print(f"{config_name:<16}{length:>6} tokens x {batch:<3} {r['tokens_per_second']:8,.0f} tok/s  "
                   f"+{r['train_mib']:,.0f} MiB", flush=True)
@@ -222,11 +224,15 @@ def main() -> None:
     parser.add_argument("--output", default=None)
     parser.add_argument("--batch_size", type=int, default=BATCH)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--one", nargs=7, help=argparse.SUPPRESS)  # internal: impl config precision steps batch len dev
+    parser.add_argument("--torch_compile", action="store_true",
+                        help="torch.compile both models (the 2 warm-up steps absorb the compilation)")
+    # internal, one measurement in this process: impl config precision steps batch length device compile
+    parser.add_argument("--one", nargs=8, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        impl, config_name, precision, steps, batch, length, device = args.one
-        print(json.dumps(one_run(impl, config_name, precision, int(steps), int(batch), int(length), device)))
+        impl, config_name, precision, steps, batch, length, device, compile_model = args.one
+        print(json.dumps(one_run(impl, config_name, precision, int(steps), int(batch), int(length), device,
+                                 bool(int(compile_model)))))
         return
     if args.precisions is None:
         from unmask.train.loop import cpu_has_fast_bf16

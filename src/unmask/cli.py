@@ -70,6 +70,8 @@ _HELP = {
     "whole_word_mask": "mask all pieces of a word together",
     "bf16": "bfloat16: training runs under autocast (fp32 master weights); serving casts the weights (fast on GPUs "
             "and CPUs with AVX512-BF16 or AMX)",
+    "torch_compile": "compile the training step with torch.compile: the first steps take a minute or more; "
+                     "pays on GPUs (BENCHMARKS.md)",
     "max_batch_tokens": "real tokens per forward pass: concurrent requests are packed up to it",
     "max_client_batch_size": "inputs per request",
     "forward_batch_size": "sequences per forward pass: the batched requests' inputs run length-sorted, this many "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -152,6 +153,23 @@ def test_gradient_accumulation_makes_the_same_update(setup):
     pretrain(args_for(setup, two, per_device_train_batch_size=4, gradient_accumulation_steps=2, **common))
     a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+@pytest.mark.skipif(not shutil.which("cc") and not shutil.which("gcc"), reason="torch.compile on CPU needs a C compiler")
+def test_torch_compile_makes_the_same_updates(setup):
+    """--torch_compile changes how the step runs, not what it computes (no dropout: the same function)."""
+    no_dropout = setup["root"] / "no_dropout_compile.json"
+    no_dropout.write_text(json.dumps({**TINY_CONFIG, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    eager, compiled = setup["root"] / "eager", setup["root"] / "compiled"
+    common = dict(model_config=str(no_dropout), max_steps=4, validation_file=[])
+    pretrain(args_for(setup, eager, **common))
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    pretrain(args_for(setup, compiled, torch_compile=True, **common))
+    assert counters["stats"]["unique_graphs"] >= 1  # it did compile
+    a, b = load_file(str(eager / "model.safetensors")), load_file(str(compiled / "model.safetensors"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
 
 
 def test_bf16_autocast_trains_and_exports_fp32(setup):

@@ -57,6 +57,7 @@ class TrainingArgs:
     warmup_steps: int = 100
     lr_scheduler_type: str = "linear"
     bf16: bool = False
+    torch_compile: bool = False  # compile the training forward (and so its backward): slow first steps, pays on GPUs
     attn_backend: str = "sdpa"  # ModernBERT: sdpa (padded, sliding-window mask) or varlen (unpadded); BERT unpads
     logging_steps: int = 10
     eval_steps: int | None = None
@@ -245,6 +246,8 @@ def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, 
 
     model.to(dist.device).train()
     ddp_model = torch.nn.parallel.DistributedDataParallel(model) if dist.world_size > 1 else model
+    # compiled for the training steps only (evaluation runs `model` eagerly); the parameters are shared
+    forward = torch.compile(ddp_model) if args.torch_compile else ddp_model
     rows = args.per_device_train_batch_size
     global_rows = rows * dist.world_size
     step_rows = global_rows * args.gradient_accumulation_steps
@@ -298,7 +301,7 @@ def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, 
                     else nullcontext())
             with sync:
                 with autocast(args.bf16, dist.device):
-                    out = ddp_model(**local)
+                    out = forward(**local)
                 share = count_units(local["labels"]) / max(1, n_units)
                 # DDP averages gradients over ranks, hence x world_size
                 (out.loss * share * dist.world_size).backward()
