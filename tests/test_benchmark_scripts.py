@@ -21,7 +21,7 @@ def test_gpu_script_runs_on_cpu_with_tiny_models(tmp_path):
     done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh")], env=env, capture_output=True, text=True,
                           timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
-    results = json.loads((tmp_path / "gpu-throughput.json").read_text())["results"]
+    results = json.loads((tmp_path / "gpu-throughput-b32.json").read_text())["results"]
     for name in ("bert-tiny fp32", "modernbert-tiny fp32"):
         row = results[name]
         assert row["unmask"]["tokens_per_second"] > 0 and row["transformers"]["tokens_per_second"] > 0

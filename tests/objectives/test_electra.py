@@ -113,7 +113,7 @@ def electra_run(tmp_path_factory, corpus_lines, tokenizer_dir):
         args = dict(train_file=[str(corpus)], validation_file=[str(corpus)], output_dir=str(root / name),
                     model_config=str(root / "config.json"), tokenizer=str(tokenizer_dir), objective="electra",
                     generator_size=0.25, max_seq_length=32, per_device_train_batch_size=8, learning_rate=2e-3,
-                    warmup_steps=5, max_steps=120, logging_steps=10, eval_steps=60, max_eval_samples=64,
+                    warmup_steps=5, max_steps=160, logging_steps=10, eval_steps=80, max_eval_samples=64,
                     cache_dir=str(root / "cache"), show_progress=False)
         return pretrain(PretrainArgs(**{**args, **overrides})), root / name
 
@@ -131,7 +131,9 @@ def test_electra_pretraining_learns_and_exports_a_plain_encoder(electra_run):
     # the detector beats the 'nothing was replaced' baseline (~0.86 accuracy here, recall 0): it finds replacements
     assert result["eval_rtd_recall"] > 0.3 and result["eval_rtd_accuracy"] > 0.9, result
     assert evals[1]["eval_rtd_loss"] < evals[0]["eval_rtd_loss"] - 0.05, evals
-    assert result["eval_generator_accuracy"] > 0.1, result  # unigram guessing scores ~0.05
+    # unigram guessing scores ~0.05; at 120 steps the quarter-size generator sat at 0.095-0.10, on the threshold
+    # (measured), so the run is 160 steps (0.24)
+    assert result["eval_generator_accuracy"] > 0.1, result
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "bert" and config["architectures"] == ["BertModel"]
     assert (out / EXTRA_WEIGHTS).exists()
