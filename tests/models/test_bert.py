@@ -9,7 +9,7 @@ import torch
 
 from unmask.config import PRESETS, BertConfig, load_config
 from unmask.hub import CheckpointError
-from unmask.models.bert import BertForMaskedLM, BertModel
+from unmask.models.bert import BertForMaskedLM, BertForSequenceClassification, BertModel
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,6 +69,68 @@ def test_training_path_matches_transformers_loss_and_gradients():
         assert torch.allclose(param.grad, theirs[name].grad, atol=1e-6, rtol=1e-4), name
     with torch.no_grad():
         assert abs(ours(ids, mask, types, labels=labels).loss.item() - loss.item()) <= 1e-6
+
+
+def test_training_with_dropout_takes_the_same_steps_as_transformers_given_the_same_masks(monkeypatch):
+    """Dropout on, as in fine-tuning: every dropout of both models draws its mask in the padded (B, T, ...) layout
+    from one shared generator (ours, which drops out only real-token rows, keeps those rows of it). With the same
+    masks, the same regression head and the same batches, five AdamW steps must give the same losses and weights:
+    this pins down where each dropout sits (embeddings, attention probabilities, both residual branches, pooled
+    vector) and its scale, which inference-mode parity cannot see."""
+    import math
+
+    import torch.nn.functional as F
+
+    state = {}
+
+    def mask(shape, p):
+        return (torch.rand(shape, generator=state["generator"]) >= p).float() / (1 - p)
+
+    def shared_dropout(x, p=0.5, training=True, inplace=False):
+        if not training or p == 0:
+            return x
+        B, T = state["shape"]
+        if x.dim() == 3:  # transformers: (B, T, H), padding included
+            return x * mask(x.shape, p)
+        if x.shape[0] == B:  # the pooled (B, H) vector, on both sides
+            return x * mask(x.shape, p)
+        return x * mask((B * T, x.shape[-1]), p)[state["real"]]  # ours: (N, H) real-token rows
+
+    def shared_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+        scores = q @ k.transpose(-1, -2) * (scale or 1 / math.sqrt(q.shape[-1]))  # (B, nh, T, T) on both sides
+        if attn_mask is not None:
+            scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                      else scores + attn_mask)
+        probs = scores.softmax(-1)
+        return (probs * mask(probs.shape, dropout_p) if dropout_p > 0 else probs) @ v
+
+    monkeypatch.setattr(F, "dropout", shared_dropout)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", shared_sdpa)
+    torch.manual_seed(0)
+    hf = transformers.BertForSequenceClassification(
+        transformers.BertConfig(**TINY, num_labels=1, attn_implementation="sdpa"))
+    ours = BertForSequenceClassification(BertConfig(**TINY, num_labels=1))
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    ids, attention_mask, types, _ = batch()
+    targets = torch.tensor([0.2, 0.9, 0.5])
+    losses = {}
+    for name, model in (("hf", hf), ("ours", ours)):
+        model.train()
+        state.update(generator=torch.Generator().manual_seed(1), shape=ids.shape,
+                     real=attention_mask.flatten().nonzero().flatten())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses[name] = []
+        for _ in range(5):
+            loss = model(input_ids=ids, attention_mask=attention_mask, token_type_ids=types, labels=targets).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses[name].append(loss.item())
+    assert len(set(losses["hf"])) == 5  # the masks change every step
+    assert max(abs(a - b) for a, b in zip(losses["hf"], losses["ours"])) <= 1e-6, losses
+    theirs = hf.state_dict()
+    for key, value in ours.state_dict().items():
+        assert torch.allclose(value, theirs[key], atol=1e-5), key
 
 
 def test_our_weights_load_into_transformers_strictly():
