@@ -190,6 +190,25 @@ def test_headless_checkpoint_into_masked_lm_warns_about_new_head(minilm_dir):
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
 
 
+@pytest.mark.parametrize("checkpoint", ["BertModel", "BertForMaskedLM"])  # with a pooler, and without one
+def test_a_seed_gives_the_same_new_head_and_random_stream_as_transformers(tmp_path, checkpoint):
+    """Loading draws only the new weights from the caller's stream, as transformers does: the encoder's random
+    init, overwritten by the checkpoint, must not shift the head's draw or the dropout masks that follow."""
+    from unmask import models
+
+    torch.manual_seed(0)
+    getattr(transformers, checkpoint)(transformers.BertConfig(**TINY)).save_pretrained(tmp_path)
+    torch.manual_seed(3)
+    with pytest.warns(UserWarning, match="newly initialised"):
+        ours = models.from_pretrained(tmp_path, "sequence-classification", num_labels=3)
+    ours_next = torch.rand(4)
+    torch.manual_seed(3)
+    theirs = transformers.BertForSequenceClassification.from_pretrained(tmp_path, num_labels=3)
+    assert torch.equal(torch.rand(4), ours_next)
+    for key, value in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+
+
 def test_legacy_bin_loads_with_weights_only(tmp_path):
     hf = hf_tiny(3)
     hf.save_pretrained(str(tmp_path), safe_serialization=False) if "safe_serialization" in \

@@ -172,6 +172,11 @@ def init_weights(module: nn.Module, std: float) -> None:
         nn.init.zeros_(module.bias)
 
 
+def _init_module(self, module: nn.Module) -> None:
+    """Draw `module`'s weights anew by BERT's rule: `from_pretrained` calls it for a head the checkpoint lacks."""
+    init_weights(module, self.config.initializer_range)
+
+
 def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
     """(P, H) sin/cos position table of "Attention Is All You Need": row p+k is a fixed rotation of row p."""
     position = torch.arange(num_positions, dtype=torch.float32)[:, None]  # (P, 1)
@@ -201,6 +206,7 @@ def init_positions_sinusoidal(model: nn.Module, std: float) -> None:
 class BertModel(HubMixin, nn.Module):
     base_model_prefix = None  # this *is* the encoder
     config_class = BertConfig
+    init_module = _init_module
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
@@ -280,6 +286,7 @@ class BertForMaskedLM(HubMixin, nn.Module):
 
     base_model_prefix = "bert"
     config_class = BertConfig
+    init_module = _init_module
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -309,6 +316,7 @@ class _BertClassifier(HubMixin, nn.Module):
 
     base_model_prefix = "bert"
     config_class = BertConfig
+    init_module = _init_module
     pooled = True  # the sequence head reads the pooler; the token head has none (as in HF)
 
     def __init__(self, config: BertConfig):
