@@ -88,6 +88,16 @@ def test_encode_runs_without_dropout_and_keeps_the_training_mode(minilm_dir):
     assert encoder.model.training
 
 
+def test_loading_leaves_the_random_stream_where_it_was(minilm_dir):
+    """The encoder's random init, overwritten by the checkpoint, must not shift the dropout masks of the training
+    that follows: a seed gives the same stream as in sentence-transformers, whose loading draws nothing."""
+    torch.manual_seed(5)
+    SentenceEncoder.from_pretrained(minilm_dir)
+    after_loading = torch.rand(4)
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(4), after_loading)
+
+
 def test_truncation_error_mode_and_bad_sentences(minilm_dir):
     encoder = SentenceEncoder.from_pretrained(minilm_dir)
     with pytest.raises(ValueError, match="input 0 is 302 tokens, longer than the context of 256"):

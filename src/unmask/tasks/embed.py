@@ -114,11 +114,13 @@ class SentenceEncoder:
         layout = read_sentence_transformers_layout(path)
         config = read_config(path)
         state = read_weights(path)
+        stream = torch.random.get_rng_state()  # as models.from_pretrained: loading draws nothing from it
         if config.model_type == "bert":  # keep the pooler only when the checkpoint has one (embeddings ignore it)
             model = BertModel(config, add_pooling_layer=any(k.endswith("pooler.dense.weight") for k in state))
         else:
             model = model_class(config.model_type, "encoder")(config)
         load_weights(model, state, str(path))
+        torch.random.set_rng_state(stream)
         model = for_inference(model, int8, bf16)
         tokenizer = load_tokenizer(path, config)
         length = max_seq_length or layout["max_seq_length"]
