@@ -139,8 +139,11 @@ def test_sliding_window_is_local(backend):
 
 def test_unpad_pad_round_trip_and_offsets():
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-    indices, cu_seqlens, max_seqlen = unpad_input(mask)
+    indices, cu_seqlens, max_seqlen, padded_positions, padded_real = unpad_input(mask)
     assert indices.tolist() == [0, 1, 2, 4, 5] and cu_seqlens.tolist() == [0, 3, 5] and max_seqlen == 3
+    assert padded_positions.tolist() == [0, 1, 2, 3, 4]  # in the (2, 3) batch the longest sequence needs
+    assert padded_real.tolist() == [[True, True, True], [True, True, False]]
+    assert unpad_input(torch.ones(2, 3)).padded_positions is None  # nothing to pad back: attention takes a view
     assert positions_in_sequence(cu_seqlens).tolist() == [0, 1, 2, 0, 1]
     x = torch.arange(8.0).view(2, 4, 1)
     assert torch.equal(pad_input(x.view(8, 1)[indices], indices, 2, 4), x * mask[..., None])

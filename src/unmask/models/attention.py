@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from unmask.models.padding import pad_input, padded_positions
+from unmask.models.padding import Unpadded, pad_input
 
 try:  # optional, GPU only
     from flash_attn import flash_attn_varlen_func
@@ -29,11 +29,10 @@ def band_mask(T: int, window: int | None, device) -> torch.Tensor | None:
 
 
 def padded_mask(attention_mask: torch.Tensor | None, T: int, window: int | None, device) -> torch.Tensor | None:
-    """(B, 1, T or 1, T) boolean mask combining key padding and the sliding-window band; None if nothing masks."""
+    """(B, 1, T or 1, T) boolean mask combining key padding and the sliding-window band; None if nothing masks.
+    `attention_mask` (B, T), 1 = real token; pass None when nothing is padded (SDPA is faster without a mask)."""
     band = band_mask(T, window, device)
-    keys = None
-    if attention_mask is not None and not bool(attention_mask.all()):
-        keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+    keys = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
     if band is None:
         return keys
     return band[None, None] if keys is None else keys & band[None, None]
@@ -78,23 +77,23 @@ def sliding_window_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windo
     return out.reshape(B, nh, n_blocks * block, hd)[:, :, :T]
 
 
-def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-           window: int | None = None, dropout_p: float = 0.0) -> torch.Tensor:
-    """(N, nh, hd) each, sequences delimited by cu_seqlens -> (N, nh, hd); no token attends across sequences."""
+def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Unpadded, window: int | None = None,
+           dropout_p: float = 0.0) -> torch.Tensor:
+    """(N, nh, hd) each, sequences laid out by `batch` (`unpad_input`) -> (N, nh, hd); no token attends across
+    sequences."""
     if flash_attn_varlen_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         half = window // 2 if window is not None else -1
-        return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                                      dropout_p=dropout_p, window_size=(half, half))
+        return flash_attn_varlen_func(q, k, v, batch.cu_seqlens, batch.cu_seqlens, batch.max_seqlen,
+                                      batch.max_seqlen, dropout_p=dropout_p, window_size=(half, half))
     N, nh, hd = q.shape
-    B, T = len(cu_seqlens) - 1, max_seqlen
-    if N == B * T:  # nothing is padded (packed pretraining): a view, and SDPA without a mask
+    B, T = len(batch.cu_seqlens) - 1, batch.max_seqlen
+    if batch.padded_positions is None:  # nothing is padded (packed pretraining): a view, and SDPA without a mask
         q, k, v = (t.view(B, T, nh, hd).transpose(1, 2) for t in (q, k, v))
         return local_or_global(q, k, v, window, None, dropout_p).transpose(1, 2).reshape(N, nh, hd)
     # back to a right-padded batch for one SDPA call: a loop over sequences would be slower on CPU
-    where = padded_positions(cu_seqlens, T)
-    real = torch.zeros(B * T, dtype=torch.bool, device=q.device).index_fill_(0, where, True).view(B, T)
+    where = batch.padded_positions
     q, k, v = (pad_input(t, where, B, T).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
-    y = local_or_global(q, k, v, window, real, dropout_p)  # (B, nh, T, hd)
+    y = local_or_global(q, k, v, window, batch.padded_real, dropout_p)  # (B, nh, T, hd)
     return y.transpose(1, 2).reshape(B * T, nh, hd)[where]
 
 

@@ -230,15 +230,17 @@ class BertModel(HubMixin, nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        indices, cu_seqlens, max_seqlen = unpad_input(attention_mask)  # (N,) real tokens
+        if output_mask is not None:
+            check_output_mask(output_mask, attention_mask)
+        batch = unpad_input(attention_mask)
+        indices = batch.indices  # (N,) real tokens
         # a token's position is its column, as in HF (left padding included)
         x = self.embeddings(input_ids.flatten()[indices], token_type_ids.flatten()[indices], indices % T)  # (N, H)
 
         def attend(q, k, v, dropout_p):  # (N, nh, hd) each; no token attends across sequences
-            return attention.varlen(q, k, v, cu_seqlens, max_seqlen, None, dropout_p)
+            return attention.varlen(q, k, v, batch, None, dropout_p)
 
         if output_mask is not None:
-            check_output_mask(output_mask, attention_mask)
             return EncoderOutput(self.encoder(x, attend, output_mask.flatten()[indices]))  # (M, H)
         x = pad_input(self.encoder(x, attend), indices, B, T)  # (B, T, H), zeros at padding
         return EncoderOutput(x, self.pooler(x) if self.pooler is not None else None)

@@ -174,20 +174,21 @@ class ModernBertModel(HubMixin, nn.Module):
             attention_mask = torch.ones_like(input_ids)
         window = self.config.local_attention
         if self.attn_backend == "varlen":
-            indices, cu_seqlens, max_seqlen = unpad_input(attention_mask)
+            batch = unpad_input(attention_mask)
+            indices = batch.indices  # (N,)
             x = self.embeddings(input_ids.flatten()[indices])  # (N, H): padding is gone from here on
-            cos_sin = self._cos_sin(positions_in_sequence(cu_seqlens))
+            cos_sin = self._cos_sin(positions_in_sequence(batch.cu_seqlens))
 
             def attend(q, k, v, is_global):  # (N, nh, hd)
-                return attention.varlen(q, k, v, cu_seqlens, max_seqlen, None if is_global else window,
-                                        self._dropout())
+                return attention.varlen(q, k, v, batch, None if is_global else window, self._dropout())
         else:
             x = self.embeddings(input_ids)  # (B, T, H)
             cos_sin = self._cos_sin(torch.arange(T, device=input_ids.device))
+            key_mask = None if bool(attention_mask.all()) else attention_mask  # read once, not in every layer
 
             def attend(q, k, v, is_global):  # (B, T, nh, hd) <-> SDPA's (B, nh, T, hd)
                 y = attention.local_or_global(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              None if is_global else window, attention_mask, self._dropout())
+                                              None if is_global else window, key_mask, self._dropout())
                 return y.transpose(1, 2)
         rows = None
         if output_mask is not None:

@@ -1,22 +1,37 @@
 """Unpadding: keep only the real tokens of a right-padded batch, as one concatenated sequence, and put them back.
 
-    indices    (N,)     flat positions of the real tokens in the (B * T) batch
-    cu_seqlens (B + 1,) where each sequence starts in the concatenation (cumulative lengths, from 0)
-    max_seqlen          the longest sequence
+`unpad_input` reads the mask once a forward; every layer then shares what it computed (`Unpadded`), so the
+layers read no data-dependent size (what keeps `torch.compile`'s graph whole between the embeddings and the head).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 
-def unpad_input(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(B, T) mask -> indices (N,), cu_seqlens (B + 1,) int32, max_seqlen."""
+class Unpadded(NamedTuple):
+    indices: torch.Tensor  # (N,) flat positions of the real tokens in the (B * T) batch
+    cu_seqlens: torch.Tensor  # (B + 1,) int32: where each sequence starts in the concatenation, from 0
+    max_seqlen: int  # the longest sequence
+    padded_positions: torch.Tensor | None  # (N,) where each token sits in a right-padded (B, max_seqlen) batch
+    padded_real: torch.Tensor | None  # (B, max_seqlen) bool, True at real tokens; both None if none is padding
+
+
+def unpad_input(attention_mask: torch.Tensor) -> Unpadded:
+    """(B, T) mask, 1 = real token -> the real tokens' layout."""
+    B = attention_mask.shape[0]
     lengths = attention_mask.sum(dim=1, dtype=torch.int32)  # (B,)
     indices = torch.nonzero(attention_mask.flatten(), as_tuple=False).flatten()
     cu_seqlens = F.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
-    return indices, cu_seqlens, int(lengths.max()) if len(lengths) else 0
+    max_seqlen = int(lengths.max()) if B else 0
+    if len(indices) == B * max_seqlen:  # every sequence has the longest length (packed pretraining)
+        return Unpadded(indices, cu_seqlens, max_seqlen, None, None)
+    positions = padded_positions(cu_seqlens, max_seqlen)
+    real = torch.zeros(B * max_seqlen, dtype=torch.bool, device=attention_mask.device)
+    return Unpadded(indices, cu_seqlens, max_seqlen, positions, real.index_fill_(0, positions, True).view(B, -1))
 
 
 def pad_input(x: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
