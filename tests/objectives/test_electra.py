@@ -130,7 +130,9 @@ def test_electra_pretraining_learns_and_exports_a_plain_encoder(electra_run):
     assert len(evals) == 2
     # the detector beats the 'nothing was replaced' baseline (~0.86 accuracy here, recall 0): it finds replacements
     assert result["eval_rtd_recall"] > 0.3 and result["eval_rtd_accuracy"] > 0.9, result
-    assert evals[1]["eval_rtd_loss"] < evals[0]["eval_rtd_loss"] - 0.05, evals
+    # and keeps learning: measured 0.159-0.160 -> 0.101-0.111 between steps 80 and 160 (the exact figures move with
+    # the thread count and float summation order over 160 steps at lr 2e-3, so the bound is relative)
+    assert evals[1]["eval_rtd_loss"] < 0.8 * evals[0]["eval_rtd_loss"], evals
     # unigram guessing scores ~0.05; at 120 steps the quarter-size generator sat at 0.095-0.10, on the threshold
     # (measured), so the run is 160 steps (0.24)
     assert result["eval_generator_accuracy"] > 0.1, result
