@@ -71,6 +71,31 @@ def test_training_path_matches_transformers_loss_and_gradients():
         assert abs(ours(ids, mask, types, labels=labels).loss.item() - loss.item()) <= 1e-6
 
 
+def test_rounded_prediction_rows_leave_loss_and_gradients_unchanged():
+    """70 labels round up to 72 rows: the 2 unlabelled extra rows (label -100) change nothing."""
+    hf = hf_tiny()
+    ours = BertForMaskedLM(BertConfig(**TINY)).eval()
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(5, 99, (4, 64), generator=g)
+    mask = torch.ones_like(ids)
+    mask[3, 40:] = 0
+    labels = torch.full_like(ids, -100)
+    chosen = mask.flatten().nonzero().squeeze(1)[torch.randperm(int(mask.sum()), generator=g)[:70]]
+    labels.view(-1)[chosen] = ids.view(-1)[chosen]
+    theirs = hf(input_ids=ids, attention_mask=mask, labels=labels)
+    theirs.loss.backward()
+    out = ours(ids, mask, labels=labels)
+    out.loss.backward()
+    assert out.logits.shape == (72, 99) and int(out.predicted_positions.sum()) == 72
+    scored = labels[out.predicted_positions] != -100
+    assert (out.logits[scored] - theirs.logits[labels != -100]).abs().max() <= 1e-5
+    assert abs(out.loss.item() - theirs.loss.item()) <= 1e-6
+    hf_grads = dict(hf.named_parameters())
+    for name, param in ours.named_parameters():
+        assert torch.allclose(param.grad, hf_grads[name].grad, atol=1e-6, rtol=1e-4), name
+
+
 def test_training_with_dropout_takes_the_same_steps_as_transformers_given_the_same_masks(monkeypatch):
     """Dropout on, as in fine-tuning: every dropout of both models draws its mask in the padded (B, T, ...) layout
     from one shared generator (ours, which drops out only real-token rows, keeps those rows of it). With the same

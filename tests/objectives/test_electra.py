@@ -74,7 +74,9 @@ def test_replaced_targets_follow_the_samples():
     original = torch.where(masked, labels, ids)
     assert torch.equal(out.replaced, masked & (original != 7))  # a right guess counts as original
     assert not out.replaced[~mask.bool()].any()
-    assert out.rtd_logits.shape == ids.shape and out.generator_logits.shape == (int(masked.sum()), TINY["vocab_size"])
+    rows = out.generator_positions
+    assert rows[masked].all() and out.rtd_logits.shape == ids.shape
+    assert out.generator_logits.shape == (int(rows.sum()), TINY["vocab_size"])
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "varlen"])

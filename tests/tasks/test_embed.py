@@ -75,7 +75,9 @@ def test_long_inputs_are_the_mean_of_their_windows(minilm_dir):
         warnings.simplefilter("error")  # chunking loses nothing, so it does not warn
         ours = encoder.encode([short, text], stride=8)
     assert cosine_gap(ours[1:], expected[None]) <= 1e-5
-    assert cosine_gap(ours[:1], encoder.encode([short], truncation="error")) == 0.0  # short inputs: one window
+    # short inputs: one window, the same vector (up to float rounding: on AVX-512 / AMX CPUs oneDNN picks its
+    # kernels by batch shape, so a text batched with others may differ in the last bit)
+    assert cosine_gap(ours[:1], encoder.encode([short], truncation="error")) <= 1e-6
 
 
 def test_encode_runs_without_dropout_and_keeps_the_training_mode(minilm_dir):

@@ -19,7 +19,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from unmask.config import BertConfig
-from unmask.data.masking import IGNORE_INDEX
 from unmask.hub import HubMixin
 from unmask.models import attention
 from unmask.models.outputs import (
@@ -31,7 +30,7 @@ from unmask.models.outputs import (
     classification_loss,
 )
 from unmask.models.padding import pad_input, unpad_input
-from unmask.objectives.mlm import mlm_loss
+from unmask.objectives.mlm import mlm_loss, prediction_rows
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]  # (q, k, v, dropout_p)
 
@@ -283,7 +282,7 @@ class BertForMaskedLM(HubMixin, nn.Module):
 
     With `labels`, the head and the last layer's attention output and feed-forward run only at the labelled positions
     (sparse prediction): the loss equals the one computed from full logits, without the (B, T, V) tensor. `logits`
-    is then (N, V) in row-major order of those positions.
+    is then (M, V) in row-major order of `predicted_positions` (the labelled ones and a few more, label -100).
     """
 
     base_model_prefix = "bert"
@@ -307,10 +306,10 @@ class BertForMaskedLM(HubMixin, nn.Module):
         if labels is None:
             x = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
             return MaskedLMOutput(None, self.cls(x))
-        labelled = labels != IGNORE_INDEX  # (B, T)
-        x = self.bert(input_ids, attention_mask, token_type_ids, output_mask=labelled).last_hidden_state  # (N, H)
-        logits = self.cls(x)  # (N, V): the vocabulary projection only where a label is
-        return MaskedLMOutput(mlm_loss(logits, labels[labelled]), logits, labelled)
+        rows = prediction_rows(labels, attention_mask)  # (B, T): the labelled positions, and a few to round M
+        x = self.bert(input_ids, attention_mask, token_type_ids, output_mask=rows).last_hidden_state  # (M, H)
+        logits = self.cls(x)  # (M, V): the vocabulary projection only where a label is
+        return MaskedLMOutput(mlm_loss(logits, labels[rows]), logits, rows)
 
 
 class _BertClassifier(HubMixin, nn.Module):

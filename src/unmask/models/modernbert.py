@@ -20,7 +20,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from unmask.config import ModernBertConfig
-from unmask.data.masking import IGNORE_INDEX
 from unmask.hub import HubMixin
 from unmask.models import attention, rope
 from unmask.models.outputs import (
@@ -32,7 +31,7 @@ from unmask.models.outputs import (
     classification_loss,
 )
 from unmask.models.padding import pad_input, positions_in_sequence, unpad_input
-from unmask.objectives.mlm import mlm_loss
+from unmask.objectives.mlm import mlm_loss, prediction_rows
 
 ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
                "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "relu": F.relu}
@@ -256,10 +255,10 @@ class ModernBertForMaskedLM(_WithEncoder):
         if labels is None:
             x = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
             return MaskedLMOutput(None, self.decoder(self.head(x)))
-        labelled = labels != IGNORE_INDEX  # (B, T)
-        x = self.model(input_ids, attention_mask, output_mask=labelled).last_hidden_state  # (N, H)
-        logits = self.decoder(self.head(x))  # (N, V)
-        return MaskedLMOutput(mlm_loss(logits, labels[labelled]), logits, labelled)
+        rows = prediction_rows(labels, attention_mask)  # (B, T): the labelled positions, and a few to round M
+        x = self.model(input_ids, attention_mask, output_mask=rows).last_hidden_state  # (M, H)
+        logits = self.decoder(self.head(x))  # (M, V)
+        return MaskedLMOutput(mlm_loss(logits, labels[rows]), logits, rows)
 
 
 class _Classifier(_WithEncoder):

@@ -19,8 +19,10 @@ class EncoderOutput:
 @dataclass
 class MaskedLMOutput:
     loss: torch.Tensor | None
-    logits: torch.Tensor  # (B, T, V) without labels; (N, V) at the labelled positions with labels
-    labelled_positions: torch.Tensor | None = None  # (B, T) bool: where the N rows of logits come from
+    logits: torch.Tensor  # (B, T, V) without labels; with labels (M, V) at `predicted_positions` only
+    # (B, T) bool: where the M rows of logits come from, in row-major order: the labelled positions and a few
+    # unlabelled ones (label -100) that keep M at one of a few sizes (`objectives.mlm.prediction_rows`)
+    predicted_positions: torch.Tensor | None = None
 
 
 @dataclass

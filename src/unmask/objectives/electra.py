@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from unmask.data.masking import IGNORE_INDEX
 from unmask.hub import CheckpointError, atomic_write, load_weights, read_weights
 from unmask.models import from_config
-from unmask.objectives.mlm import mlm_loss
+from unmask.objectives.mlm import mlm_loss, prediction_rows
 
 EXTRA_WEIGHTS = "electra.safetensors"
 
@@ -93,7 +93,8 @@ class ElectraOutput:
     loss: torch.Tensor
     mlm_loss: torch.Tensor
     rtd_loss: torch.Tensor
-    generator_logits: torch.Tensor  # (N, V) at the masked positions
+    generator_logits: torch.Tensor  # (M, V) at `generator_positions`
+    generator_positions: torch.Tensor  # (B, T) bool: the masked positions and a few more (label -100)
     rtd_logits: torch.Tensor  # (B, T)
     replaced: torch.Tensor  # (B, T) bool: the discriminator's targets
 
@@ -129,22 +130,24 @@ class ElectraPretrainer(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         masked = labels != IGNORE_INDEX  # (B, T)
-        # the generator's last layer and head run at the masked positions only
-        hidden = self.generator(input_ids, attention_mask, token_type_ids, output_mask=masked).last_hidden_state
-        generator_logits = self.generator_predictions(hidden)  # (N, V) from (N, H_gen)
-        generator_loss = mlm_loss(generator_logits, labels[masked])
+        # the generator's last layer and head run at the masked positions only (and a few more, label -100)
+        rows = prediction_rows(labels, attention_mask)  # (B, T)
+        hidden = self.generator(input_ids, attention_mask, token_type_ids, output_mask=rows).last_hidden_state
+        generator_logits = self.generator_predictions(hidden)  # (M, V) from (M, H_gen)
+        row_labels = labels[rows]  # (M,)
+        generator_loss = mlm_loss(generator_logits, row_labels)
         with torch.no_grad():  # sampling is not differentiable: the discriminator's loss stops here
-            sampled = torch.multinomial(F.softmax(generator_logits.float(), dim=-1), 1).squeeze(-1)  # (N,)
+            sampled = torch.multinomial(F.softmax(generator_logits.float(), dim=-1), 1).squeeze(-1)  # (M,)
             original = torch.where(masked, labels, input_ids)  # the text before masking
             corrupted = original.clone()
-            corrupted[masked] = sampled
+            corrupted[rows] = torch.where(row_labels != IGNORE_INDEX, sampled, original[rows])
             real = attention_mask.bool()
             replaced = (corrupted != original) & real  # a correct guess counts as original
         disc = self.discriminator(corrupted, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
         rtd_logits = self.discriminator_predictions(disc)  # (B, T)
         rtd_loss = F.binary_cross_entropy_with_logits(rtd_logits[real].float(), replaced[real].float())
         loss = generator_loss + self.rtd_weight * rtd_loss
-        return ElectraOutput(loss, generator_loss.detach(), rtd_loss.detach(), generator_logits, rtd_logits,
+        return ElectraOutput(loss, generator_loss.detach(), rtd_loss.detach(), generator_logits, rows, rtd_logits,
                              replaced)
 
     def _extra_state(self) -> dict[str, torch.Tensor]:

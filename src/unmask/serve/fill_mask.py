@@ -44,7 +44,8 @@ def fill_mask(model, tokenizer, texts: str | list[str], top_k: int = 5, batch_si
         at_mask = ids == tokenizer.mask_token_id  # (B, T)
         # labelling the masks makes the model run its vocabulary projection there only (sparse prediction)
         out = model(ids, attention_mask, types, labels=torch.where(at_mask, ids, -100))
-        probs = out.logits.float().softmax(-1)  # (N, V), masks in row-major order
+        at_mask_row = at_mask[out.predicted_positions]  # (M,): the rows at a mask; the rest only round M up
+        probs = out.logits[at_mask_row].float().softmax(-1)  # (N, V), masks in row-major order
         top = probs.topk(min(top_k, probs.shape[-1]))
         rows, cols = at_mask.nonzero(as_tuple=True)
         per_text: list[list] = [[] for _ in chunk]

@@ -109,10 +109,12 @@ def evaluate_mlm(model, dataset: PackedDataset, tokenizer: Tokenizer, batch_size
     loss_sum, correct, count = 0.0, 0, 0
     for batch, out in _evaluation_batches(model, dataset, tokenizer, batch_size, mlm_probability, max_samples,
                                           bf16, seed, device):
-        k = int(out.labelled_positions.sum())
+        targets = batch["labels"][out.predicted_positions]  # (M,), -100 at the rows no label is on
+        scored = targets != -100
+        k = int(scored.sum())
         if k:
             loss_sum += float(out.loss) * k
-            correct += int((out.logits.argmax(-1) == batch["labels"][out.labelled_positions]).sum())
+            correct += int((out.logits.argmax(-1)[scored] == targets[scored]).sum())
             count += k
     if count == 0:
         raise TrainingError("the validation data has no maskable tokens")
@@ -133,7 +135,8 @@ def evaluate_electra(model: ElectraPretrainer, dataset: PackedDataset, tokenizer
         k, t = int(masked.sum()), int(real.sum())
         guess = out.rtd_logits > 0  # (B, T)
         sums["mlm"] += float(out.mlm_loss) * k
-        sums["correct"] += int((out.generator_logits.argmax(-1) == batch["labels"][masked]).sum())
+        targets = batch["labels"][out.generator_positions]  # (M,), -100 at the rows no label is on
+        sums["correct"] += int((out.generator_logits.argmax(-1) == targets)[targets != -100].sum())
         sums["masked"] += k
         sums["rtd"] += float(out.rtd_loss) * t
         sums["rtd_correct"] += int((guess == out.replaced)[real].sum())
