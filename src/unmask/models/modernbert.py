@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from unmask.config import ModernBertConfig
 from unmask.hub import HubMixin
 from unmask.models import attention, rope
+from unmask.models.dropout import Dropout
 from unmask.models.outputs import (
     ClassifierOutput,
     EncoderOutput,
@@ -50,7 +51,7 @@ class ModernBertEmbeddings(nn.Module):
         super().__init__()
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.norm = layer_norm(config)  # positions come from RoPE inside attention, not from here
-        self.drop = nn.Dropout(config.embedding_dropout)
+        self.drop = Dropout(config.embedding_dropout)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.drop(self.norm(self.tok_embeddings(input_ids)))
@@ -63,7 +64,7 @@ class ModernBertAttention(nn.Module):
         self.is_global = config.layer_types[layer_id] == "full_attention"
         self.Wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
         self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
-        self.out_drop = nn.Dropout(config.attention_dropout)
+        self.out_drop = Dropout(config.attention_dropout)
 
     def forward(self, x: torch.Tensor, cos_sin: dict[bool, tuple], attend: Attend) -> torch.Tensor:
         qkv = self.Wqkv(x).view(*x.shape[:-1], 3, self.num_heads, self.head_dim)  # (..., 3, nh, hd)
@@ -81,7 +82,7 @@ class ModernBertMLP(nn.Module):
         super().__init__()
         self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.act = ACTIVATIONS[config.hidden_activation]
-        self.drop = nn.Dropout(config.mlp_dropout)
+        self.drop = Dropout(config.mlp_dropout)
         self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -267,7 +268,7 @@ class _Classifier(_WithEncoder):
         self.config = config
         self.model = ModernBertModel(config)
         self.head = ModernBertPredictionHead(config)
-        self.drop = nn.Dropout(config.classifier_dropout)
+        self.drop = Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         std = config.hidden_size ** -0.5
         nn.init.trunc_normal_(self.classifier.weight, std=std, a=-2 * std, b=2 * std)
