@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """Zero each element with probability `p` and scale the rest by 1 / (1 - p), as `F.dropout`."""
     if not training or p == 0.0:
