@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from unmask.config import BertConfig, ConfigError, config_from_dict, read_config_json
+from unmask.memory import keep_freed_memory
 
 WEIGHTS_NAME = "model.safetensors"
 LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
@@ -146,6 +147,7 @@ def from_pretrained(model_class, path: str | Path, **config_overrides):
                               f"use unmask.models.from_pretrained(path, task)")
     for key, value in config_overrides.items():
         setattr(config, key, value)
+    keep_freed_memory()  # a loaded model runs forward after forward: reuse freed blocks (see unmask/memory.py)
     stream = torch.random.get_rng_state()
     model = model_class(config)  # draws every weight at random; the checkpoint overwrites all but a new head's
     new_keys = load_weights(model, read_weights(path), str(path))

@@ -3,8 +3,8 @@
     sdpa    padded (B, nh, T, hd) tensors, a boolean mask (padding, and the band for sliding-window layers);
             torch's scaled_dot_product_attention, runs everywhere
     varlen  unpadded (N, nh, hd) tensors with cu_seqlens: FlashAttention's varlen kernel where it is installed and
-            the tensors are on a GPU, otherwise one padded SDPA call (the projections around attention, nearly all
-            of the FLOPs, still run on real tokens only)
+            the tensors are on a GPU, one SDPA call per sequence in inference on the CPU, otherwise one padded
+            SDPA call (the projections around attention, nearly all of the FLOPs, run on real tokens only)
 """
 
 from __future__ import annotations
@@ -105,11 +105,29 @@ def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Unpadded, w
     if batch.padded_positions is None:  # nothing is padded (packed pretraining): a view, and SDPA without a mask
         q, k, v = (t.view(B, T, nh, hd).transpose(1, 2) for t in (q, k, v))
         return local_or_global(q, k, v, window, None, dropout_p).transpose(1, 2).reshape(N, nh, hd)
-    # back to a right-padded batch for one SDPA call: a loop over sequences would be slower on CPU
+    if q.device.type == "cpu" and not torch.is_grad_enabled():
+        return _each_sequence(q, k, v, batch, window, dropout_p)
+    # back to a right-padded batch for one SDPA call (in training on the CPU too: autograd over one slice per
+    # sequence costs more than the padding saves, 1.1-2x slower measured)
     where = batch.padded_positions
     q, k, v = (pad_input(t, where, B, T).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
     y = local_or_global(q, k, v, window, batch.padded_real, dropout_p)  # (B, nh, T, hd)
     return y.transpose(1, 2).reshape(B * T, nh, hd)[where]
+
+
+def _each_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Unpadded, window: int | None,
+                   dropout_p: float) -> torch.Tensor:
+    """Inference on the CPU: one SDPA call per sequence, on views of the unpadded rows, with no mask. Padding the
+    batch for one call costs three scatters and a gather a layer, and SDPA's CPU kernel then computes the padded
+    rows too: this is 1.35-2x faster for 8-128 ragged sequences (MiniLM fill-mask batch 32: 5.3 -> 3.2 ms a layer)."""
+    out = torch.empty_like(q)  # (N, nh, hd)
+    starts = batch.cu_seqlens.tolist()
+    for a, b in zip(starts[:-1], starts[1:]):
+        if a == b:  # an all-padding row has no tokens to attend from
+            continue
+        q1, k1, v1 = (t[a:b].transpose(0, 1)[None] for t in (q, k, v))  # (1, nh, L, hd)
+        out[a:b] = local_or_global(q1, k1, v1, window, None, dropout_p)[0].transpose(0, 1)
+    return out
 
 
 def local_or_global(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,

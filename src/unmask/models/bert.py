@@ -41,6 +41,12 @@ ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
 }
+ACTIVATIONS_IN_PLACE = {  # the same, overwriting their input
+    "gelu": torch.ops.aten.gelu_,
+    "gelu_new": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "relu": F.relu_,
+}
 
 
 class BertEmbeddings(nn.Module):
@@ -113,9 +119,13 @@ class BertIntermediate(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.act = ACTIVATIONS[config.hidden_act]
+        self.act_in_place = ACTIVATIONS_IN_PLACE[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(x))  # (N, 4H)
+        h = self.dense(x)  # (N, 4H)
+        # in inference, overwrite the layer's largest activation rather than allocate a second (N, 4H) tensor: a
+        # fresh one is page-faulted in each layer (MiniLM fill-mask, batch 32: ~5% of the forward)
+        return self.act(h) if torch.is_grad_enabled() else self.act_in_place(h)
 
 
 class BertOutput(BertSelfOutput):
