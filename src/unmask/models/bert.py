@@ -123,8 +123,8 @@ class BertIntermediate(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.dense(x)  # (N, 4H)
-        # in inference, overwrite the layer's largest activation rather than allocate a second (N, 4H) tensor: a
-        # fresh one is page-faulted in each layer (MiniLM fill-mask, batch 32: ~5% of the forward)
+        # in inference, overwrite the layer's largest activation rather than allocate and write a second (N, 4H)
+        # tensor (MiniLM fill-mask forward at batch 32: 188 -> 177 ms)
         return self.act(h) if torch.is_grad_enabled() else self.act_in_place(h)
 
 
