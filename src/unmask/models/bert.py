@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from unmask.config import BertConfig
 from unmask.hub import HubMixin
 from unmask.models import attention
+from unmask.models.activations import ACTIVATIONS, ACTIVATIONS_IN_PLACE
 from unmask.models.dropout import Dropout
 from unmask.models.outputs import (
     ClassifierOutput,
@@ -34,19 +35,6 @@ from unmask.models.padding import pad_input, unpad_input
 from unmask.objectives.mlm import mlm_loss, prediction_rows
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]  # (q, k, v, dropout_p)
-
-ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
-ACTIVATIONS_IN_PLACE = {  # the same, overwriting their input
-    "gelu": torch.ops.aten.gelu_,
-    "gelu_new": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
-    "relu": F.relu_,
-}
 
 
 class BertEmbeddings(nn.Module):

@@ -17,11 +17,11 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from unmask.config import ModernBertConfig
 from unmask.hub import HubMixin
 from unmask.models import attention, rope
+from unmask.models.activations import ACTIVATIONS, ACTIVATIONS_IN_PLACE
 from unmask.models.dropout import Dropout
 from unmask.models.outputs import (
     ClassifierOutput,
@@ -34,8 +34,6 @@ from unmask.models.outputs import (
 from unmask.models.padding import pad_input, positions_in_sequence, unpad_input
 from unmask.objectives.mlm import mlm_loss, prediction_rows
 
-ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-               "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "relu": F.relu}
 BACKENDS = ("sdpa", "varlen")
 
 # attend(q, k, v, is_global) on token-major tensors (..., nh, hd) -> (..., nh, hd)
@@ -82,12 +80,16 @@ class ModernBertMLP(nn.Module):
         super().__init__()
         self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.act = ACTIVATIONS[config.hidden_activation]
+        self.act_in_place = ACTIVATIONS_IN_PLACE[config.hidden_activation]
         self.drop = Dropout(config.mlp_dropout)
         self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        value, gate = self.Wi(x).chunk(2, dim=-1)
-        return self.Wo(self.drop(self.act(value) * gate))
+        value, gate = self.Wi(x).chunk(2, dim=-1)  # (N, I) views of one (N, 2I) tensor
+        if torch.is_grad_enabled():
+            return self.Wo(self.drop(self.act(value) * gate))
+        # inference: GeGLU written into Wi's output, no two more (N, I) tensors (Wo reads the strided half)
+        return self.Wo(self.drop(self.act_in_place(value).mul_(gate)))
 
 
 class ModernBertEncoderLayer(nn.Module):
