@@ -113,6 +113,7 @@ def _align_prefix(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dic
 
 def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> list[str]:
     """Load `state` into `model`, checking keys and shapes; returns the head keys that were newly initialised."""
+    keep_freed_memory()  # a loaded model runs forward after forward: reuse freed blocks (see unmask/memory.py)
     state = {k: v for k, v in _align_prefix(state, model).items() if not k.endswith(DERIVED_KEYS)}
     expected = model.state_dict()
     # a tied alias (decoder.weight = word embeddings) may be absent from the file: HF drops it too
@@ -147,7 +148,6 @@ def from_pretrained(model_class, path: str | Path, **config_overrides):
                               f"use unmask.models.from_pretrained(path, task)")
     for key, value in config_overrides.items():
         setattr(config, key, value)
-    keep_freed_memory()  # a loaded model runs forward after forward: reuse freed blocks (see unmask/memory.py)
     stream = torch.random.get_rng_state()
     model = model_class(config)  # draws every weight at random; the checkpoint overwrites all but a new head's
     new_keys = load_weights(model, read_weights(path), str(path))

@@ -5,8 +5,9 @@ and unmaps them when freed, so every training step page-faults them in again and
 CPU machines we measure on, that made the embedding backward take 13 ms instead of 1 ms and a MiniLM fine-tuning step
 0.21 s instead of 0.15 s. Raising glibc's mmap and trim thresholds once per process keeps such blocks in the heap for
 reuse. Peak memory is unchanged; the process simply keeps it until it exits (as PyTorch's CUDA allocator does).
-The training loop applies it, and so does loading a model (`hub.from_pretrained`): inference allocates the same
-large activations forward after forward (MiniLM fill-mask, batch 32: 205 -> 188 ms a forward on an AMX Xeon).
+The training loop applies it, and so does loading weights (`hub.load_weights`, under every `from_pretrained`):
+inference allocates the same large activations forward after forward (MiniLM fill-mask, batch 32: 205 -> 188 ms a
+forward on an AMX Xeon).
 """
 
 from __future__ import annotations
