@@ -156,8 +156,11 @@ def test_gradient_accumulation_makes_the_same_update(setup):
 
 
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="torch.compile on CPU needs a C compiler")
-def test_torch_compile_makes_the_same_updates(setup):
+def test_torch_compile_makes_the_same_updates(setup, tmp_path, monkeypatch):
     """--torch_compile changes how the step runs, not what it computes (no dropout: the same function)."""
+    # a private inductor cache: the shared one in /tmp can hold kernels built for another vector ISA (torch 2.13's
+    # key misses ATEN_CPU_CAPABILITY), which summed each row twice here (a length of 64 for 32 real tokens)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     no_dropout = setup["root"] / "no_dropout_compile.json"
     no_dropout.write_text(json.dumps({**TINY_CONFIG, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
     eager, compiled = setup["root"] / "eager", setup["root"] / "compiled"
