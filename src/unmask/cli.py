@@ -82,8 +82,9 @@ _HELP = {
     "int8": "CPU only: int8 dynamically quantised linear layers, faster and slightly less accurate (BENCHMARKS.md)",
     "bf16_inference": "bfloat16 weights and activations: faster on GPUs and on CPUs with AVX512-BF16 or AMX "
                       "(outputs within bf16 rounding of fp32; BENCHMARKS.md)",
-    "attn_backend": "ModernBERT attention: sdpa (padded batch, sliding-window mask) or varlen (unpadded tokens, "
-                    "FlashAttention's varlen kernel on a GPU where installed); no effect on BERT, which always unpads",
+    "attn_backend": "ModernBERT attention: varlen (unpadded tokens, FlashAttention's varlen kernel on a GPU where "
+                    "installed) or sdpa (padded batch with a sliding-window mask, as transformers computes it); no "
+                    "effect on BERT, which always unpads",
     "objective": "mlm (masked-LM) or electra (generator + replaced-token detection; the export is the discriminator)",
     "generator_size": "electra: the generator's width as a fraction of the model's (1/4 to 1/2 usual)",
     "rtd_weight": "electra: loss = generator MLM + rtd_weight x replaced-token detection",

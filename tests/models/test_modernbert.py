@@ -113,6 +113,22 @@ def test_backends_agree_forward_and_backward():
     assert worst < 1e-5, worst
 
 
+def test_default_backend_runs_on_real_tokens_only():
+    """A loaded model skips the padding: the feed-forward sees the 45 real tokens of the batch, not its 3 x 24 rows
+    (the padded backend computes them all), and both give the same hidden states at the real tokens."""
+    model = ModernBertModel(ModernBertConfig(**TINY)).eval()
+    assert model.attn_backend == "varlen"
+    ids, mask = batch()
+    rows = []
+    model.layers[0].mlp.Wi.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[:-1]))
+    with torch.no_grad():
+        unpadded = model(ids, mask).last_hidden_state
+        model.attn_backend = "sdpa"
+        padded = model(ids, mask).last_hidden_state
+    assert rows == [torch.Size([45]), torch.Size([3, 24])]
+    assert (unpadded[mask.bool()] - padded[mask.bool()]).abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("backend", ["sdpa", "varlen"])
 def test_sliding_window_is_local(backend):
     """On a sliding layer a token sees +-local_attention/2 tokens; a change farther away reaches it only through

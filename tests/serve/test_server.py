@@ -231,15 +231,20 @@ def _batches(server) -> int:
 def test_sigterm_finishes_in_flight_requests(model_dirs):
     server = Server(model_dirs["embed"], "--truncation", "truncate")
     statuses, finished = [], []
+    first_answer = threading.Event()
 
     def client() -> None:
         statuses.append(server.call("POST", "/embed", {"inputs": [LONG] * 32})[0])
         finished.append(time.perf_counter())
+        first_answer.set()
 
     threads = [threading.Thread(target=client) for _ in range(24)]
     for t in threads:
         t.start()
-    time.sleep(0.3)  # the requests are in: queued or running
+    # signal once the first answer is back: every request is in by then (the 24 connect within milliseconds; the
+    # first forward takes ~0.2 s), and the 49k tokens need several forwards of the 16k-token batch, so most are
+    # still queued or running (a fixed 0.3 s wait was flaky: on a fast CPU all were answered within it)
+    assert first_answer.wait(timeout=120)
     signalled = time.perf_counter()
     # uvicorn finishes the requests, shuts down, then re-raises SIGTERM so the exit status tells why it stopped
     assert server.stop() in (0, -signal.SIGTERM)

@@ -58,7 +58,7 @@ class TrainingArgs:
     lr_scheduler_type: str = "linear"
     bf16: bool = False
     torch_compile: bool = False  # compile the training forward (and so its backward): slow first steps, pays on GPUs
-    attn_backend: str = "sdpa"  # ModernBERT: sdpa (padded, sliding-window mask) or varlen (unpadded); BERT unpads
+    attn_backend: str = "varlen"  # ModernBERT: varlen (unpadded) or sdpa (padded, as transformers); BERT unpads
     logging_steps: int = 10
     eval_steps: int | None = None
     save_steps: int | None = None
