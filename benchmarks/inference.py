@@ -11,6 +11,8 @@
   `transformers` fill-mask pipeline on the same directory (same top-5 tokens checked).
 - latency: one 128-token input through bert-base (random weights, 110M parameters), ours vs transformers' BertModel;
   also both in bf16 weights on a CPU with native bf16.
+- modernbert: a ragged batch (16 texts of 64-511 tokens, random ids) through modernbert-small (random weights), ours
+  (the default, unpadded `varlen` backend, and the padded `sdpa` one) vs transformers' ModernBertModel (sdpa).
 - tokenization: our Tokenizer.encode_batch vs transformers' fast tokenizer on the same sentences.
 
 Both sides share one process, so both run with the allocator setting that loading an unmask model applies
@@ -176,6 +178,39 @@ def latency(rounds: int) -> dict:
     return result
 
 
+def modernbert_ragged(rounds: int) -> dict:
+    import transformers
+
+    from unmask.config import load_config
+    from unmask.models.modernbert import ModernBertModel
+
+    config = load_config("modernbert-small")
+    torch.manual_seed(0)
+    ours = ModernBertModel(config).eval()
+    theirs = transformers.ModernBertModel(transformers.ModernBertConfig(
+        **{k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")})).eval()
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(64, 512, (16,), generator=g)
+    T = int(lengths.max())
+    ids = torch.randint(10, config.vocab_size, (16, T), generator=g)
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    real = mask.bool()
+
+    def ours_with(backend: str):
+        ours.attn_backend = backend
+        return ours(ids, mask).last_hidden_state
+
+    with torch.inference_mode():
+        reference = theirs(input_ids=ids, attention_mask=mask).last_hidden_state
+        diff = max(float((ours_with(b) - reference)[real].abs().max()) for b in ("varlen", "sdpa"))
+        seconds = alternate({"unmask": lambda: ours_with("varlen"), "unmask sdpa": lambda: ours_with("sdpa"),
+                             "transformers": lambda: theirs(input_ids=ids, attention_mask=mask)}, rounds * 2)
+    rate = {k: int(lengths.sum()) / v for k, v in seconds.items()}
+    return {"tokens_per_second": rate, "ratio": rate["unmask"] / rate["transformers"], "max_abs_diff": diff,
+            "tokens": int(lengths.sum()), "padded_tokens": 16 * T}
+
+
 def tokenization(model_dir: str, texts: list[str], rounds: int) -> dict:
     import transformers
 
@@ -189,7 +224,7 @@ def tokenization(model_dir: str, texts: list[str], rounds: int) -> dict:
     return {"sentences_per_second": rate, "ratio": rate["unmask"] / rate["transformers"]}
 
 
-PARTS = ["tokenization", "latency", "fill-mask", "embeddings"]
+PARTS = ["tokenization", "latency", "modernbert", "fill-mask", "embeddings"]
 
 
 def reference_alone(part: str, model_dir: str, texts: list[str], rounds: int) -> dict:
@@ -236,12 +271,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         parts = {"tokenization": lambda: tokenization(model_dir, texts, args.rounds),
                  "latency": lambda: latency(args.rounds),
+                 "modernbert": lambda: modernbert_ragged(args.rounds),
                  "fill-mask": lambda: fill_mask_speed(masked_lm_dir(model_dir, Path(tmp) / "mlm"), texts,
                                                       args.rounds),
                  "embeddings": lambda: embeddings(model_dir, texts, max(2, args.rounds - 1))}
         for name in PARTS:
             if name in args.only:
-                key = "latency bert-base 128 tokens" if name == "latency" else name
+                key = {"latency": "latency bert-base 128 tokens", "modernbert": "modernbert-small ragged batch"}.get(
+                    name, name)
                 results[key] = parts[name]()
                 print(f"{name}: {results[key]}", flush=True)
     if args.output:
