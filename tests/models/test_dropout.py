@@ -18,14 +18,15 @@ def test_drops_a_fraction_p_and_scales_the_rest(p):
     assert abs(dropped - p) < 0.002
     kept = y != 0
     assert torch.allclose(y[kept], x[kept] / (1 - p))
-    # rows and columns are dropped alike (no pattern from the two-elements-per-draw layout)
+    # rows and columns are dropped alike (no pattern from the four-elements-per-draw layout)
     assert (y == 0).float().mean(0).sub(p).abs().max() < 0.1
-    assert abs((y[:, 0::2] == 0).float().mean().item() - (y[:, 1::2] == 0).float().mean().item()) < 0.003
+    lanes = [(y[:, lane::4] == 0).float().mean().item() for lane in range(4)]  # the four 16-bit draws of a word
+    assert max(lanes) - min(lanes) < 0.004
 
 
 def test_gradient_is_the_mask_times_the_scale():
     torch.manual_seed(1)
-    x = torch.randn(64, 33, requires_grad=True)  # odd element count: the last draw is half used
+    x = torch.randn(63, 33, requires_grad=True)  # 2,079 elements: the last 64-bit draw serves three
     y = dropout(x, 0.25)
     y.sum().backward()
     expected = (y != 0).float() / 0.75
