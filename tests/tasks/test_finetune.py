@@ -296,7 +296,8 @@ def test_embed_in_batch_negatives_on_unscored_pairs(tmp_path, encoder_dir):
     for _ in range(200):
         verb = rng.choice(POSITIVE + NEGATIVE)
         name = rng.choice(NAMES)
-        lines.append(json.dumps({"sentence1": f"{name} {verb} the letter", "sentence2": f"the letter {verb} by {name}"}))
+        pair = {"sentence1": f"{name} {verb} the letter", "sentence2": f"the letter {verb} by {name}"}
+        lines.append(json.dumps(pair))
     pairs.write_text("\n".join(lines) + "\n")
     result = finetune(FinetuneArgs(task="embed", model=str(encoder_dir), train_file=str(pairs),
                                    output_dir=str(tmp_path / "mnrl"), learning_rate=1e-3, num_train_epochs=2,
