@@ -33,6 +33,19 @@ def test_gradient_is_the_mask_times_the_scale():
     assert torch.equal(x.grad, expected)
 
 
+def test_bf16_keeps_its_mask_in_bf16_and_scales_exactly():
+    """Under bf16 the mask is a bf16 tensor of ones and zeros (no conversions), the scale is applied once, as in
+    F.dropout: kept values equal x / (1 - p) rounded to bf16, and the gradient is the mask times the scale."""
+    torch.manual_seed(2)
+    x = (torch.rand(512, 256) + 0.5).to(torch.bfloat16).requires_grad_()
+    y = dropout(x, 0.1)
+    assert y.dtype == torch.bfloat16 and abs((y == 0).float().mean().item() - 0.1) < 0.005
+    kept = y != 0
+    assert torch.equal(y[kept], (x.detach()[kept].float() * (1 / 0.9)).to(torch.bfloat16))
+    y.float().sum().backward()
+    assert torch.equal(x.grad, kept.to(torch.bfloat16) * torch.tensor(1 / 0.9, dtype=torch.bfloat16))
+
+
 def test_seeded_eval_and_edge_cases():
     x = torch.randn(300, 7, dtype=torch.bfloat16)
     torch.manual_seed(5)
