@@ -74,3 +74,14 @@ def alternate(contenders: dict[str, Callable[[], int]], rounds: int = 5) -> dict
             items = fn()
             rates[name].append(items / (time.perf_counter() - start))
     return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def hf_config(config):
+    """`transformers`' config for one of ours (the keys are the same): ModernBertConfig, or BertConfig with SDPA
+    attention (its best on the CPU), so a reference model can load our weights with `strict=True`."""
+    import transformers
+
+    settings = {k: v for k, v in config.to_dict().items() if k not in ("architectures", "model_type")}
+    if config.model_type == "modernbert":
+        return transformers.ModernBertConfig(**settings)
+    return transformers.BertConfig(**settings, attn_implementation="sdpa")

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import SHARED_DATA, book_snippets
+from benchmarks.common import SHARED_DATA, book_snippets, hf_config
 
 
 def alternate(contenders: dict, rounds: int) -> dict[str, float]:
@@ -156,9 +156,7 @@ def latency(rounds: int) -> dict:
     config = load_config("bert-base")
     torch.manual_seed(0)
     ours = BertModel(config).eval()
-    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "architectures"},
-                                        attn_implementation="sdpa")
-    theirs = transformers.BertModel(hf_config).eval()
+    theirs = transformers.BertModel(hf_config(config)).eval()
     theirs.load_state_dict(ours.state_dict(), strict=True)
     ids = torch.randint(1000, config.vocab_size, (1, 128))
     mask = torch.ones_like(ids)
@@ -187,8 +185,7 @@ def modernbert_ragged(rounds: int) -> dict:
     config = load_config("modernbert-small")
     torch.manual_seed(0)
     ours = ModernBertModel(config).eval()
-    theirs = transformers.ModernBertModel(transformers.ModernBertConfig(
-        **{k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")})).eval()
+    theirs = transformers.ModernBertModel(hf_config(config)).eval()
     theirs.load_state_dict(ours.state_dict(), strict=True)
     g = torch.Generator().manual_seed(1)
     lengths = torch.randint(64, 512, (16,), generator=g)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import shared_data
+from benchmarks.common import hf_config, shared_data
 from unmask.config import load_config
 from unmask.data.pretraining import PackedDataset, build_token_cache
 from unmask.models.bert import BertForMaskedLM
@@ -37,8 +37,7 @@ def reference_run(train: PackedDataset, hf_tokenizer, config, minutes: float) ->
     import transformers
 
     torch.manual_seed(SETTINGS["seed"])
-    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "architectures"})
-    model = transformers.BertForMaskedLM(hf_config).train()
+    model = transformers.BertForMaskedLM(hf_config(config)).train()
     collate = transformers.DataCollatorForLanguageModeling(hf_tokenizer, mlm_probability=SETTINGS["mlm_probability"],
                                                            seed=SETTINGS["seed"])
     optimizer = make_optimizer(model, SETTINGS["learning_rate"], SETTINGS["weight_decay"],

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import PeakMemory
+from benchmarks.common import PeakMemory, hf_config
 
 BATCH, LENGTH, MLM_PROBABILITY = 32, 128, 0.15
 
@@ -116,11 +116,9 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
     else:
         import transformers
 
-        settings = {k: v for k, v in config.to_dict().items() if k not in ("architectures", "model_type")}
-        if config.model_type == "modernbert":
-            model = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**settings))
-        else:
-            model = transformers.BertForMaskedLM(transformers.BertConfig(**settings, attn_implementation="sdpa"))
+        modern = config.model_type == "modernbert"
+        model = (transformers.ModernBertForMaskedLM if modern else transformers.BertForMaskedLM)(hf_config(config))
+        if not modern:
             assert model.config._attn_implementation == "sdpa"
         hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
         hf_collate = transformers.DataCollatorForLanguageModeling(hf_tokenizer, mlm_probability=MLM_PROBABILITY,
