@@ -15,10 +15,11 @@ import argparse
 import time
 import warnings
 
-
 from benchmarks.common import shared_data
-from unmask.tasks.embed import SentenceEncoder
-from unmask.tasks.embed_eval import exact_search, pearson, read_beir, read_sts, retrieval_metrics, spearman
+from unmask.data.readers import read_beir, read_sts
+from unmask.metrics import pearson, retrieval_metrics, spearman
+from unmask.pipelines.embed import SentenceEncoder
+from unmask.train.evaluate import exact_search
 
 
 def timed(fn):

@@ -22,11 +22,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import shared_data
-from unmask.tasks.classify import build_label_map, column, read_table
-from unmask.tasks.embed_eval import read_sts, spearman
-from unmask.tasks.finetune import FinetuneArgs, finetune
-from unmask.tasks.seqeval import entity_scores
-from unmask.tasks.tag import read_conll, tag_label_map
+from unmask.data.labelled import build_label_map, tag_label_map
+from unmask.data.readers import column, read_conll, read_sts, read_table
+from unmask.metrics import entity_scores, spearman
+from unmask.train.finetune import FinetuneArgs, finetune
 
 TASKS = {
     "sst2": dict(task="classify", train=("sst2", "train.tsv"), valid=("sst2", "dev.tsv"), metric="accuracy"),
@@ -117,7 +116,9 @@ def reference_embed(model_dir: str, args, out: Path) -> dict:
     from sentence_transformers.losses import CoSENTLoss
 
     try:  # sentence-transformers >= 6 moved it
-        from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+        from sentence_transformers.sentence_transformer.evaluation import (
+            EmbeddingSimilarityEvaluator,
+        )
     except ImportError:
         from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
 

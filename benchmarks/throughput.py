@@ -40,7 +40,7 @@ def measure_peak(precision: str, device: str = "cpu", repeats: int = 3) -> float
     """GFLOP/s of a large square matrix product in `precision` (torch's default path on `device`)."""
     import torch
 
-    from unmask.train.loop import cpu_has_fast_bf16
+    from unmask.runtime import cpu_has_fast_bf16
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     n = 8192 if device == "cuda" else (4096 if precision == "fp32" or cpu_has_fast_bf16() else 1024)
@@ -89,8 +89,8 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
 
     from unmask.config import load_config
     from unmask.data.collate import MLMCollator
+    from unmask.runtime import keep_freed_memory
     from unmask.tokenizer import Tokenizer
-    from unmask.memory import keep_freed_memory
 
     tokenizer_dir = minilm_tokenizer_dir()
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
@@ -105,13 +105,14 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
         body = vocab[torch.randint(len(vocab), (batch, length - 2), generator=generator)]
         return [{"input_ids": [tokenizer.cls_token_id, *row.tolist(), tokenizer.sep_token_id]} for row in body]
 
+    sparse = {}  # ours predicts at the masked positions only, as `unmask pretrain` does
     if impl == "unmask":
-        from unmask.models import from_config
+        from unmask.models import from_config, set_attn_backend
 
         keep_freed_memory()
         model = from_config(config, "masked-lm")
-        if config.model_type == "modernbert":
-            model.attn_backend = "varlen"  # unpadded; FlashAttention's varlen kernel on a GPU where installed
+        set_attn_backend(model, "varlen")  # ModernBERT unpadded; FlashAttention's varlen kernel on a GPU
+        sparse = {"sparse_prediction": True}
         collate = MLMCollator.from_tokenizer(tokenizer, mlm_probability=MLM_PROBABILITY, seed=0)
     else:
         import transformers
@@ -142,7 +143,7 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
             batch_tensors = {k: v.to(device) for k, v in collate(rows).items()}
             with autocast:
                 out = forward(input_ids=batch_tensors["input_ids"], attention_mask=batch_tensors["attention_mask"],
-                            labels=batch_tensors["labels"])
+                              labels=batch_tensors["labels"], **sparse)
             out.loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -233,7 +234,7 @@ def main() -> None:
                                  bool(int(compile_model)))))
         return
     if args.precisions is None:
-        from unmask.train.loop import cpu_has_fast_bf16
+        from unmask.runtime import cpu_has_fast_bf16
 
         fast = args.device == "cuda" or cpu_has_fast_bf16()
         args.precisions = ["fp32", "bf16"] if fast else ["fp32"]

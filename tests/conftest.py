@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import pytest
 import random
 from pathlib import Path
 
+import pytest
 
 # The shared datasets sit beside the checkout (../shared/data); UNMASK_DATA_DIR points elsewhere.
 SHARED_DATA = Path(os.environ.get("UNMASK_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")

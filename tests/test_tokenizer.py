@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from unmask.data.sources import DataError
+from unmask.errors import DataError
 from unmask.tokenizer import SPECIAL_TOKENS, Tokenizer, train_tokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -7,9 +7,8 @@ import dataclasses
 import json
 import sys
 
-from unmask.data.sources import DataError
-from unmask.hub import CheckpointError
-from unmask.train.pretrain import PretrainArgs, TrainingError
+from unmask.errors import UnmaskError, UsageError
+from unmask.heads import FINETUNE_TASKS, LABELLED_TASKS
 
 
 def _probability(value: str) -> float:
@@ -118,34 +117,36 @@ def _args_of(cls, args):
 
 
 def _run_finetune(args) -> None:
-    from unmask.tasks.finetune import FinetuneArgs, finetune
+    from unmask.train.finetune import FinetuneArgs, finetune
 
     print(json.dumps(finetune(_args_of(FinetuneArgs, args)), indent=2))
 
 
 def _run_eval_task(args) -> None:
-    from unmask.hub import load_tokenizer
-    from unmask.tasks.finetune import FinetuneArgs, evaluate_task, load_head_model, load_task_data
+    from unmask.data.labelled import LabelledFormat, load_task_data
+    from unmask.tokenizer import load_tokenizer
+    from unmask.train.evaluate import evaluate_task
+    from unmask.train.finetune import load_head_model
 
     model = load_head_model(args.task, args.model)
     tokenizer = load_tokenizer(args.model, model.config)
-    options = FinetuneArgs(task=args.task, model=args.model, train_file=args.file, output_dir=".",
-                           text_column=args.text_column, text_pair_column=args.text_pair_column,
-                           label_column=args.label_column, max_seq_length=args.max_seq_length,
-                           regression=model.config.num_labels == 1, label_scale=args.label_scale)
-    data, _ = load_task_data(options, tokenizer, args.file, None if options.regression else model.config.label2id)
+    regression = model.config.num_labels == 1
+    spec = LabelledFormat(task=args.task, text_column=args.text_column, text_pair_column=args.text_pair_column,
+                          label_column=args.label_column, regression=regression, label_scale=args.label_scale,
+                          max_seq_length=args.max_seq_length)
+    data, _ = load_task_data(spec, tokenizer, args.file, None if regression else model.config.label2id)
     result = evaluate_task(args.task, model, data, tokenizer.pad_token_id, args.batch_size)
     print(json.dumps(result) if args.json else "  ".join(f"{k} {v:.4f}" for k, v in result.items()
                                                           if isinstance(v, float)))
 
 
 def _run_predict(args) -> None:
-    from unmask.hub import load_tokenizer
-    from unmask.tasks.finetune import load_head_model
-    from unmask.tasks.predict import predict_classify, predict_rerank
-    from unmask.tasks.tag import predict_entities
+    from unmask.pipelines.classify import predict_classify, predict_rerank
+    from unmask.pipelines.tag import predict_entities
+    from unmask.tokenizer import load_tokenizer
+    from unmask.train.finetune import load_head_model
 
-    model = load_head_model("pair" if args.task == "rerank" else args.task, args.model, int8=args.int8, bf16=args.bf16)
+    model = load_head_model(args.task, args.model, int8=args.int8, bf16=args.bf16)
     tokenizer = load_tokenizer(args.model, model.config)
     long_inputs = {"truncation": args.truncation, "stride": args.stride}
     if args.task == "classify":
@@ -154,22 +155,23 @@ def _run_predict(args) -> None:
         result = predict_entities(model, tokenizer, args.texts, **long_inputs)
     else:
         if len(args.texts) < 2:
-            raise ValueError("rerank needs a query and at least one document: predict rerank QUERY DOC [DOC ...]")
+            raise UsageError("rerank needs a query and at least one document: predict rerank QUERY DOC [DOC ...]")
         result = predict_rerank(model, tokenizer, args.texts[0], args.texts[1:], **long_inputs)
     print(json.dumps(result if len(args.texts) > 1 or args.task == "rerank" else result[0]))
 
 
 def _run_pretrain(args) -> None:
-    from unmask.train.pretrain import pretrain
+    from unmask.train.pretrain import PretrainArgs, pretrain
 
     print(json.dumps(pretrain(_args_of(PretrainArgs, args)), indent=2))
 
 
 def _run_eval_mlm(args) -> None:
     from unmask.data.pretraining import PackedDataset, build_token_cache
-    from unmask.hub import load_tokenizer
     from unmask.models import from_pretrained
-    from unmask.train.pretrain import default_cache_root, evaluate_mlm
+    from unmask.tokenizer import load_tokenizer
+    from unmask.train.evaluate import evaluate_mlm
+    from unmask.train.pretrain import default_cache_root
 
     model = from_pretrained(args.model, "masked-lm")
     tokenizer = load_tokenizer(args.model, model.config)
@@ -185,9 +187,9 @@ def _run_eval_mlm(args) -> None:
 
 
 def _run_fill_mask(args) -> None:
-    from unmask.hub import load_tokenizer
     from unmask.models import from_pretrained
-    from unmask.serve.fill_mask import fill_mask
+    from unmask.pipelines.fill_mask import fill_mask
+    from unmask.tokenizer import load_tokenizer
 
     model = from_pretrained(args.model, "masked-lm", int8=args.int8, bf16=args.bf16)
     tokenizer = load_tokenizer(args.model, model.config)
@@ -202,28 +204,15 @@ def _run_fill_mask(args) -> None:
             print(f"  mask {mask_number}: {shown}")
 
 
-def _read_sentences(path: str) -> list[str]:
-    from unmask.data.sources import read_text
-
-    lines = read_text(path).split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    if not lines:
-        raise DataError(f"{path}: no sentences (one per line expected)")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            raise DataError(f"{path}:{number}: empty line; every line is a sentence and gets a vector")
-    return lines
-
-
 def _run_embed(args) -> None:
     import numpy as np
 
-    from unmask.tasks.embed import SentenceEncoder
+    from unmask.data.readers import read_sentences
+    from unmask.pipelines.embed import SentenceEncoder
 
     encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length, int8=args.int8,
                                               bf16=args.bf16)
-    sentences = _read_sentences(args.input)
+    sentences = read_sentences(args.input)
     vectors = encoder.encode(sentences, batch_size=args.batch_size, normalize=args.normalize,
                              truncation=args.truncation, stride=args.stride)
     np.save(args.output, vectors)
@@ -231,8 +220,9 @@ def _run_embed(args) -> None:
 
 
 def _run_eval_sts(args) -> None:
-    from unmask.tasks.embed import SentenceEncoder
-    from unmask.tasks.embed_eval import evaluate_sts, read_sts
+    from unmask.data.readers import read_sts
+    from unmask.pipelines.embed import SentenceEncoder
+    from unmask.train.evaluate import evaluate_sts
 
     encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
     pairs = read_sts(args.file, args.sentence1_column, args.sentence2_column, args.score_column)
@@ -242,8 +232,8 @@ def _run_eval_sts(args) -> None:
 
 
 def _run_eval_retrieval(args) -> None:
-    from unmask.tasks.embed import SentenceEncoder
-    from unmask.tasks.embed_eval import evaluate_retrieval
+    from unmask.pipelines.embed import SentenceEncoder
+    from unmask.train.evaluate import evaluate_retrieval
 
     encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
     result = evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size,
@@ -265,10 +255,7 @@ def _add_truncation(parser: argparse.ArgumentParser, limit: str) -> None:
                         help="chunk: tokens shared by neighbouring windows (default: a quarter of the window)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="unmask", description="Pretrain, fine-tune and serve BERT-style encoders.")
-    commands = parser.add_subparsers(dest="command", required=True)
-
+def _add_setup_commands(commands) -> None:
     quickstart = commands.add_parser("quickstart", help="run the main job on embedded data (no download)")
     _add_demo_flags(quickstart)
     quickstart.add_argument("--output_dir", default="runs/quickstart", help="where the tiny model is written")
@@ -291,17 +278,22 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--model_max_length", type=int, default=512)
     train.set_defaults(run=_run_tokenizer_train)
 
+
+def _add_training_commands(commands) -> None:
+    from unmask.train.finetune import FinetuneArgs
+    from unmask.train.pretrain import PretrainArgs
+
     pretrain = commands.add_parser("pretrain", help="masked-LM pretraining from text files")
     _add_dataclass_flags(pretrain, PretrainArgs)
     pretrain.set_defaults(run=_run_pretrain)
 
-    from unmask.tasks.finetune import HEAD_TASKS, TASKS, FinetuneArgs
-
     finetune = commands.add_parser("finetune", help="fine-tune a head: classify, pair or tag")
-    finetune.add_argument("task", choices=TASKS)
+    finetune.add_argument("task", choices=FINETUNE_TASKS)
     _add_dataclass_flags(finetune, FinetuneArgs, skip=("task",))
     finetune.set_defaults(run=_run_finetune)
 
+
+def _add_inference_commands(commands) -> None:
     predict = commands.add_parser("predict", help="predictions of a fine-tuned model")
     predict.add_argument("task", choices=["classify", "tag", "rerank"])
     predict.add_argument("--model", required=True)
@@ -310,53 +302,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_truncation(predict, "the model's context")
     _add_inference_precision(predict)
     predict.set_defaults(run=_run_predict)
-
-    evaluate = commands.add_parser("eval", help="evaluate a model")
-    eval_commands = evaluate.add_subparsers(dest="eval_command", required=True)
-    mlm = eval_commands.add_parser("mlm", help="masked-LM loss, accuracy and perplexity on a text file")
-    mlm.add_argument("--model", required=True, help="a model directory")
-    mlm.add_argument("--file", required=True, action="extend", nargs="+", help="text files or globs")
-    mlm.add_argument("--max_seq_length", type=int, default=128)
-    mlm.add_argument("--mlm_probability", type=_probability, default=0.15)
-    mlm.add_argument("--batch_size", type=int, default=64)
-    mlm.add_argument("--max_samples", type=int, default=None)
-    mlm.add_argument("--text_field", default="text")
-    mlm.add_argument("--seed", type=int, default=0, help="masking seed (fixed: comparable across models)")
-    mlm.add_argument("--json", action="store_true")
-    mlm.set_defaults(run=_run_eval_mlm)
-    for task in HEAD_TASKS:
-        sub = eval_commands.add_parser(task, help=f"metrics of a fine-tuned {task} model on a labelled file")
-        sub.add_argument("--model", required=True)
-        sub.add_argument("--file", required=True)
-        sub.add_argument("--text_column", default="sentence" if task == "classify" else "sentence1")
-        sub.add_argument("--text_pair_column", default="sentence2" if task == "pair" else None)
-        sub.add_argument("--label_column", default="label")
-        sub.add_argument("--label_scale", type=float, default=1.0)
-        sub.add_argument("--max_seq_length", type=int, default=128)
-        sub.add_argument("--batch_size", type=int, default=64)
-        sub.add_argument("--json", action="store_true")
-        sub.set_defaults(run=_run_eval_task, task=task)
-
-    sts = eval_commands.add_parser("sts", help="Spearman / Pearson of embedding cosine against gold scores")
-    sts.add_argument("--model", required=True, help="a sentence-transformers or HF encoder directory")
-    sts.add_argument("--file", required=True, help="STS Benchmark file, or a TSV/JSONL with the column flags")
-    sts.add_argument("--sentence1_column", default=None, help="(other formats) column of the first sentence")
-    sts.add_argument("--sentence2_column", default=None, help="column of the second sentence (default sentence2)")
-    sts.add_argument("--score_column", default=None, help="column of the gold score (default score)")
-    sts.add_argument("--batch_size", type=int, default=64)
-    sts.add_argument("--json", action="store_true")
-    _add_inference_precision(sts)
-    sts.set_defaults(run=_run_eval_sts)
-    retrieval = eval_commands.add_parser("retrieval", help="BEIR-style retrieval: nDCG@10, recall@100, MRR@10")
-    retrieval.add_argument("--model", required=True)
-    retrieval.add_argument("--corpus", required=True, help="corpus.jsonl (_id, title, text)")
-    retrieval.add_argument("--queries", required=True, help="queries.jsonl (_id, text)")
-    retrieval.add_argument("--qrels", required=True, help="qrels TSV (query-id, corpus-id, score)")
-    retrieval.add_argument("--batch_size", type=int, default=64)
-    retrieval.add_argument("--json", action="store_true")
-    _add_truncation(retrieval, "the model's max_seq_length")
-    _add_inference_precision(retrieval)
-    retrieval.set_defaults(run=_run_eval_retrieval)
 
     embed = commands.add_parser("embed", help="sentence embeddings of a text file (one sentence per line)")
     embed.add_argument("model", help="a sentence-transformers or HF encoder directory")
@@ -378,6 +323,60 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inference_precision(fill)
     fill.set_defaults(run=_run_fill_mask)
 
+
+def _add_eval_mlm(eval_commands) -> None:
+    mlm = eval_commands.add_parser("mlm", help="masked-LM loss, accuracy and perplexity on a text file")
+    mlm.add_argument("--model", required=True, help="a model directory")
+    mlm.add_argument("--file", required=True, action="extend", nargs="+", help="text files or globs")
+    mlm.add_argument("--max_seq_length", type=int, default=128)
+    mlm.add_argument("--mlm_probability", type=_probability, default=0.15)
+    mlm.add_argument("--batch_size", type=int, default=64)
+    mlm.add_argument("--max_samples", type=int, default=None)
+    mlm.add_argument("--text_field", default="text")
+    mlm.add_argument("--seed", type=int, default=0, help="masking seed (fixed: comparable across models)")
+    mlm.add_argument("--json", action="store_true")
+    mlm.set_defaults(run=_run_eval_mlm)
+
+
+def _add_eval_labelled(eval_commands) -> None:
+    for task in LABELLED_TASKS:
+        sub = eval_commands.add_parser(task, help=f"metrics of a fine-tuned {task} model on a labelled file")
+        sub.add_argument("--model", required=True)
+        sub.add_argument("--file", required=True)
+        sub.add_argument("--text_column", default="sentence" if task == "classify" else "sentence1")
+        sub.add_argument("--text_pair_column", default="sentence2" if task == "pair" else None)
+        sub.add_argument("--label_column", default="label")
+        sub.add_argument("--label_scale", type=float, default=1.0)
+        sub.add_argument("--max_seq_length", type=int, default=128)
+        sub.add_argument("--batch_size", type=int, default=64)
+        sub.add_argument("--json", action="store_true")
+        sub.set_defaults(run=_run_eval_task, task=task)
+
+
+def _add_eval_embeddings(eval_commands) -> None:
+    sts = eval_commands.add_parser("sts", help="Spearman / Pearson of embedding cosine against gold scores")
+    sts.add_argument("--model", required=True, help="a sentence-transformers or HF encoder directory")
+    sts.add_argument("--file", required=True, help="STS Benchmark file, or a TSV/JSONL with the column flags")
+    sts.add_argument("--sentence1_column", default=None, help="(other formats) column of the first sentence")
+    sts.add_argument("--sentence2_column", default=None, help="column of the second sentence (default sentence2)")
+    sts.add_argument("--score_column", default=None, help="column of the gold score (default score)")
+    sts.add_argument("--batch_size", type=int, default=64)
+    sts.add_argument("--json", action="store_true")
+    _add_inference_precision(sts)
+    sts.set_defaults(run=_run_eval_sts)
+    retrieval = eval_commands.add_parser("retrieval", help="BEIR-style retrieval: nDCG@10, recall@100, MRR@10")
+    retrieval.add_argument("--model", required=True)
+    retrieval.add_argument("--corpus", required=True, help="corpus.jsonl (_id, title, text)")
+    retrieval.add_argument("--queries", required=True, help="queries.jsonl (_id, text)")
+    retrieval.add_argument("--qrels", required=True, help="qrels TSV (query-id, corpus-id, score)")
+    retrieval.add_argument("--batch_size", type=int, default=64)
+    retrieval.add_argument("--json", action="store_true")
+    _add_truncation(retrieval, "the model's max_seq_length")
+    _add_inference_precision(retrieval)
+    retrieval.set_defaults(run=_run_eval_retrieval)
+
+
+def _add_serve_command(commands) -> None:
     from unmask.serve.server import ServeOptions
 
     serve = commands.add_parser("serve", help="an HTTP server (text-embeddings-inference's API) with dynamic batching")
@@ -389,6 +388,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataclass_flags(serve, ServeOptions)
     serve.add_argument("--log_level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_run_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="unmask", description="Pretrain, fine-tune and serve BERT-style encoders.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_setup_commands(commands)
+    _add_training_commands(commands)
+    _add_inference_commands(commands)
+    eval_commands = commands.add_parser("eval", help="evaluate a model").add_subparsers(dest="eval_command",
+                                                                                      required=True)
+    _add_eval_mlm(eval_commands)
+    _add_eval_labelled(eval_commands)
+    _add_eval_embeddings(eval_commands)
+    _add_serve_command(commands)
     return parser
 
 
@@ -399,10 +412,14 @@ def _run_serve(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `unmask` command: a mistake a user can fix (an `UnmaskError`) prints one line and exits 2."""
+    from unmask.runtime import keep_freed_memory
+
     args = build_parser().parse_args(argv)
+    keep_freed_memory()  # once, for the whole process: large tensors are reused, not page-faulted in again
     try:
         args.run(args)
-    except (DataError, CheckpointError, TrainingError, ValueError, FileNotFoundError) as e:
+    except (UnmaskError, FileNotFoundError) as e:
         print(f"unmask: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A config that cannot describe a model; the message names the field."""
+from unmask.errors import ConfigError
 
 
 class HFConfig:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from unmask.data.masking import mlm_mask, whole_word_spans
-from unmask.objectives.mlm import mlm_loss
+from unmask.models.outputs import IGNORE_INDEX, mlm_loss
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 REAL_WORDS = ["the", "cat", "dog", "bird", "sat", "ran", "went", "on", "in", "home",
@@ -79,7 +79,7 @@ def measure_masking(options: DemoOptions) -> dict:
     generator = torch.Generator().manual_seed(options.seed)
     inputs, labels = mlm_mask(ids, mask_token_id=MASK, special_token_ids=SPECIAL_IDS, vocab_size=len(VOCAB),
                               mlm_probability=options.mlm_probability, maskable=maskable, generator=generator)
-    chosen = labels != -100
+    chosen = labels != IGNORE_INDEX
     selected = int(chosen.sum())
     became_mask = int((chosen & (inputs == MASK)).sum())
     unchanged = int((chosen & (inputs == ids)).sum())
@@ -125,7 +125,7 @@ def worked_example() -> tuple[float, list[str], dict[int, float]]:
     words = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
     ids = torch.tensor([[TOKEN_ID[w] for w in words]])
     target_prob = {2: 0.5, 6: 0.2}  # "cat" and "mat" were masked
-    labels = torch.full_like(ids, -100)
+    labels = torch.full_like(ids, IGNORE_INDEX)
     probs = torch.full((1, len(words), len(VOCAB)), 1.0 / len(VOCAB))
     for pos, p in target_prob.items():
         labels[0, pos] = ids[0, pos]
@@ -169,7 +169,7 @@ def describe(result: dict, options: DemoOptions) -> str:
     p_mask, p_random = 0.8, 0.1
     original, inputs, labels = details["_example"]
     shown = [VOCAB[i] for i in inputs.tolist() if i != PAD]
-    label_words = [VOCAB[int(l)] if l != -100 else "-" for l, i in zip(labels.tolist(), original.tolist()) if i != PAD]
+    label_words = [VOCAB[int(l)] if l != IGNORE_INDEX else "-" for l, i in zip(labels.tolist(), original.tolist()) if i != PAD]
     loss, words, target_prob = worked_example()
     lines = [
         f"1. Masking {m['tokens']:,} real tokens with p = {options.mlm_probability}"

@@ -1,47 +1,32 @@
 """Model directories in Hugging Face's layout: `config.json` + `model.safetensors` + tokenizer files.
 
 Weights load only through safetensors, or `torch.load(weights_only=True)` for a legacy `pytorch_model.bin`: nothing
-is ever unpickled. Every file is written atomically (a temp file in the same directory, then a rename).
+is ever unpickled. Every file is written atomically (`unmask.io`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from unmask.config import BertConfig, ConfigError, config_from_dict, read_config_json
-from unmask.memory import keep_freed_memory
+from unmask.config import (
+    BertConfig,
+    ModernBertConfig,
+    config_from_dict,
+    read_config_json,
+)
+from unmask.errors import CheckpointError, ConfigError, UsageError
+from unmask.io import atomic_write, atomic_write_text
 
 WEIGHTS_NAME = "model.safetensors"
 LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
 # buffers some old checkpoints saved although they are derived (HF #6882); we rebuild them
 DERIVED_KEYS = ("embeddings.position_ids", "embeddings.token_type_ids")
-
-
-class CheckpointError(ValueError):
-    """A model directory that cannot be loaded as asked; the message names the file and the mismatch."""
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call `write(tmp)` then rename tmp over `path`, so a crash never leaves a half-written file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def _unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -58,7 +43,7 @@ def _unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def save_pretrained(model: torch.nn.Module, output_dir: str | Path, tokenizer=None) -> Path:
     if not all(isinstance(v, torch.Tensor) for v in model.state_dict().values()):
-        raise ValueError("this model is int8-quantised for inference (--int8); save the float model it came from")
+        raise UsageError("this model is int8-quantised for inference (--int8); save the float model it came from")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     config = {**model.config.to_dict(), "architectures": [type(model).__name__]}
@@ -70,8 +55,11 @@ def save_pretrained(model: torch.nn.Module, output_dir: str | Path, tokenizer=No
     return output_dir
 
 
-def read_config(path: Path):
+def read_config(path: str | Path) -> BertConfig | ModernBertConfig:
     """The config of a model directory, as the dataclass of its `model_type` (bert, modernbert)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: model directory not found")
     config_file = path / "config.json"
     if not config_file.exists():
         raise CheckpointError(f"{config_file}: missing (not a model directory?)")
@@ -113,7 +101,6 @@ def _align_prefix(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dic
 
 def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> list[str]:
     """Load `state` into `model`, checking keys and shapes; returns the head keys that were newly initialised."""
-    keep_freed_memory()  # a loaded model runs forward after forward: reuse freed blocks (see unmask/memory.py)
     state = {k: v for k, v in _align_prefix(state, model).items() if not k.endswith(DERIVED_KEYS)}
     expected = model.state_dict()
     # a tied alias (decoder.weight = word embeddings) may be absent from the file: HF drops it too
@@ -137,11 +124,11 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source:
     return [k for k in missing if k not in missing_base]
 
 
-def from_pretrained(model_class, path: str | Path, **config_overrides):
+def from_pretrained(model_class, path: str | Path, config: BertConfig | ModernBertConfig | None = None,
+                    **config_overrides):
+    """Build `model_class` from the directory's config (or `config`, read from it already) and load its weights."""
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: model directory not found")
-    config = read_config(path)
+    config = config if config is not None else read_config(path)
     expected = getattr(model_class, "config_class", None)
     if expected is not None and not isinstance(config, expected):
         raise CheckpointError(f"{path}: a {config.model_type} model cannot be loaded as {model_class.__name__}; "
@@ -167,23 +154,12 @@ def from_pretrained(model_class, path: str | Path, **config_overrides):
     return model
 
 
-def load_tokenizer(path: str | Path, config: BertConfig | None = None):
-    """The tokenizer stored in a model directory, checked against the model's vocabulary."""
-    from unmask.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer.from_pretrained(path)
-    if config is not None and tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding has "
-                              f"{config.vocab_size} rows: they do not belong together")
-    return tokenizer
-
-
 class HubMixin:
     """`from_pretrained` / `save_pretrained` for the model classes (the work is in the functions above)."""
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **config_overrides):
-        return from_pretrained(cls, path, **config_overrides)
+    def from_pretrained(cls, path: str | Path, config=None, **config_overrides):
+        return from_pretrained(cls, path, config, **config_overrides)
 
     def save_pretrained(self, output_dir: str | Path, tokenizer=None) -> Path:
         return save_pretrained(self, output_dir, tokenizer)

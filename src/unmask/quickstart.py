@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from unmask.demo import sample_sentence
-from unmask.hub import load_tokenizer
 from unmask.models import from_pretrained
-from unmask.serve.fill_mask import fill_mask
+from unmask.pipelines.fill_mask import fill_mask
+from unmask.tokenizer import load_tokenizer
 from unmask.train.pretrain import PretrainArgs, pretrain
 
 PROBES = [

@@ -11,11 +11,20 @@ import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from tokenizers import Encoding, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import (
+    Encoding,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 from tokenizers import Tokenizer as BackendTokenizer
 
-from unmask.data.sources import DataError, iter_lines
-from unmask.hub import atomic_write_text
+from unmask.data.sources import iter_lines
+from unmask.errors import CheckpointError, DataError, UsageError
+from unmask.io import atomic_write_text
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Role -> the key transformers uses in tokenizer_config.json / special_tokens_map.json.
@@ -136,6 +145,15 @@ class Tokenizer:
         return isinstance(self.backend.model, models.WordPiece)
 
 
+def load_tokenizer(path: str | Path, config=None) -> Tokenizer:
+    """The tokenizer stored in a model directory, checked against the model's vocabulary (`config.vocab_size`)."""
+    tokenizer = Tokenizer.from_pretrained(path)
+    if config is not None and tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding has "
+                              f"{config.vocab_size} rows: they do not belong together")
+    return tokenizer
+
+
 def bert_wordpiece_backend(lowercase: bool = True) -> BackendTokenizer:
     """An untrained BERT WordPiece pipeline: BERT normaliser and pre-tokenizer, `[CLS] A [SEP] (B [SEP])`."""
     backend = BackendTokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
@@ -163,7 +181,7 @@ def train_tokenizer(files: Sequence[str | Path], vocab_size: int = 30522, *, low
     Special tokens get ids 0-4 in the order `[PAD] [UNK] [CLS] [SEP] [MASK]`.
     """
     if vocab_size <= len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+        raise UsageError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
     backend = bert_wordpiece_backend(lowercase)
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                         special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",

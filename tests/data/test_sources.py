@@ -7,7 +7,13 @@ import gzip
 import pytest
 
 from conftest import shared_data
-from unmask.data.sources import DataError, expand_paths, iter_documents, iter_lines, strip_gutenberg
+from unmask.data.sources import (
+    expand_paths,
+    iter_documents,
+    iter_lines,
+    strip_gutenberg,
+)
+from unmask.errors import DataError
 
 GUTENBERG = (
     "\ufeffThe Project Gutenberg EBook of Something\r\nLicence text here\r\n"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from unmask.config import PRESETS, BertConfig, load_config
-from unmask.hub import CheckpointError
+from unmask.errors import CheckpointError
 from unmask.models.bert import BertForMaskedLM, BertForSequenceClassification, BertModel
 
 transformers = pytest.importorskip("transformers")
@@ -45,9 +45,11 @@ def test_logits_and_loss_match_transformers():
     ids, mask, types, labels = batch()
     with torch.no_grad():
         theirs = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
-        full = ours(ids, mask, types)
-        sparse = ours(ids, mask, types, labels=labels)
+        full = ours(ids, mask, types, labels=labels)
+        sparse = ours(ids, mask, types, labels=labels, sparse_prediction=True)
     real = mask.bool()
+    # forward computes what transformers computes: (B, T, V) logits and their loss
+    assert full.logits.shape == theirs.logits.shape and abs(full.loss.item() - theirs.loss.item()) <= 1e-5
     assert (full.logits[real] - theirs.logits[real]).abs().max() <= 1e-5
     assert abs(sparse.loss.item() - theirs.loss.item()) <= 1e-5
     # sparse logits are the full logits at the labelled positions, in row-major order
@@ -56,19 +58,21 @@ def test_logits_and_loss_match_transformers():
 
 
 def test_training_path_matches_transformers_loss_and_gradients():
-    """With gradients on, q/k/v run as one stacked GEMM (inference uses three): same loss, same gradients."""
+    """In training mode q/k/v run as one stacked GEMM (inference uses three), and the head predicts only at the
+    labelled rows: same loss, same gradients. Dropout is off so that the two models see the same numbers."""
     hf = hf_tiny()
-    ours = BertForMaskedLM(BertConfig(**TINY)).eval()
+    ours = BertForMaskedLM(BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).train()
     ours.load_state_dict(hf.state_dict(), strict=True)
     ids, mask, types, labels = batch()
     hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels).loss.backward()
-    loss = ours(ids, mask, types, labels=labels).loss
+    loss = ours(ids, mask, types, labels=labels, sparse_prediction=True).loss
     loss.backward()
     theirs = dict(hf.named_parameters())
     for name, param in ours.named_parameters():
         assert torch.allclose(param.grad, theirs[name].grad, atol=1e-6, rtol=1e-4), name
     with torch.no_grad():
-        assert abs(ours(ids, mask, types, labels=labels).loss.item() - loss.item()) <= 1e-6
+        ours.eval()
+        assert abs(ours(ids, mask, types, labels=labels, sparse_prediction=True).loss.item() - loss.item()) <= 1e-6
 
 
 def test_rounded_prediction_rows_leave_loss_and_gradients_unchanged():
@@ -85,7 +89,7 @@ def test_rounded_prediction_rows_leave_loss_and_gradients_unchanged():
     labels.view(-1)[chosen] = ids.view(-1)[chosen]
     theirs = hf(input_ids=ids, attention_mask=mask, labels=labels)
     theirs.loss.backward()
-    out = ours(ids, mask, labels=labels)
+    out = ours(ids, mask, labels=labels, sparse_prediction=True)
     out.loss.backward()
     assert out.logits.shape == (72, 99) and int(out.predicted_positions.sum()) == 72
     scored = labels[out.predicted_positions] != -100
@@ -333,15 +337,17 @@ def test_sinusoidal_positions_are_one_linear_map_apart():
 
 
 def test_sparse_head_runs_the_last_feed_forward_at_labelled_rows_only():
-    """With labels, the last layer's attention output and feed-forward see the 5 labelled rows, not all N."""
+    """With sparse_prediction, the last layer's attention output and feed-forward see the 5 labelled rows, not all N."""
     ours = BertForMaskedLM(BertConfig(**TINY)).eval()
     ids, mask, types, labels = batch()
     rows_seen = []
     for layer in ours.bert.encoder.layer:
         layer.intermediate.dense.register_forward_hook(lambda m, inputs, out: rows_seen.append(inputs[0].shape[0]))
     with torch.no_grad():
-        ours(ids, mask, types, labels=labels)
+        ours(ids, mask, types, labels=labels, sparse_prediction=True)
     assert rows_seen == [int(mask.sum()), 5]
     labels[1, 12] = 7  # a label on a padding position
     with pytest.raises(ValueError, match="padding"):
-        ours(ids, mask, types, labels=labels)
+        ours(ids, mask, types, labels=labels, sparse_prediction=True)
+    with pytest.raises(ValueError, match="sparse_prediction needs labels"):
+        ours(ids, mask, types, sparse_prediction=True)

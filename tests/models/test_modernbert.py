@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from unmask.config import PRESETS, ModernBertConfig, load_config
-from unmask.hub import CheckpointError
+from unmask.errors import CheckpointError
 from unmask.models import from_pretrained
 from unmask.models.bert import BertForMaskedLM
 from unmask.models.modernbert import (
@@ -53,9 +53,10 @@ def test_masked_lm_matches_transformers(backend):
     labels[1, 9] = ids[1, 9]
     with torch.no_grad():
         theirs = hf(input_ids=ids, attention_mask=mask, labels=labels)
-        full = ours(ids, mask)
-        sparse = ours(ids, mask, labels=labels)
+        full = ours(ids, mask, labels=labels)
+        sparse = ours(ids, mask, labels=labels, sparse_prediction=True)
     real = mask.bool()
+    assert full.logits.shape == theirs.logits.shape and abs(full.loss.item() - theirs.loss.item()) <= 1e-4
     assert (full.logits[real] - theirs.logits[real]).abs().max() <= 1e-4
     assert abs(sparse.loss.item() - theirs.loss.item()) <= 1e-4
 
@@ -105,7 +106,7 @@ def test_backends_agree_forward_and_backward():
     for backend in ["sdpa", "varlen"]:
         model.zero_grad()
         model.attn_backend = backend
-        out = model(ids, mask, labels=labels)
+        out = model(ids, mask, labels=labels, sparse_prediction=True)
         out.loss.backward()
         results[backend] = (out.loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()})
     assert abs(results["sdpa"][0] - results["varlen"][0]) < 1e-5

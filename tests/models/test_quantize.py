@@ -11,7 +11,7 @@ from unmask import models
 from unmask.config import load_config
 from unmask.models import for_inference
 from unmask.models.quantize import quantize_int8
-from unmask.tasks.embed import SentenceEncoder
+from unmask.pipelines.embed import SentenceEncoder
 
 SENTENCES = ["A man is playing a guitar on the street.", "The cat sleeps in the warm sun all afternoon.",
              "Stock markets fell sharply after the announcement.", "She reads a book about ancient Rome."]
@@ -47,7 +47,8 @@ def test_minilm_embeddings_in_int8_stay_close_to_fp32(minilm_dir):
 
 
 def test_minilm_stsb_spearman_drop_is_small(minilm_dir):
-    from unmask.tasks.embed_eval import evaluate_sts, read_sts
+    from unmask.data.readers import read_sts
+    from unmask.train.evaluate import evaluate_sts
 
     pairs = read_sts(shared_data("stsb", "sts-dev.csv"))
     fp32 = evaluate_sts(SentenceEncoder.from_pretrained(minilm_dir), *pairs)["spearman"]

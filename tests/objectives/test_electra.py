@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from unmask.config import BertConfig, ModernBertConfig, load_config
-from unmask.data.masking import IGNORE_INDEX
+from unmask.models.outputs import IGNORE_INDEX
 from unmask.objectives.electra import EXTRA_WEIGHTS, ElectraPretrainer, generator_config
 from unmask.train.pretrain import PretrainArgs, pretrain
 
@@ -125,7 +125,7 @@ def electra_run(tmp_path_factory, corpus_lines, tokenizer_dir):
 def test_electra_pretraining_learns_and_exports_a_plain_encoder(electra_run):
     transformers = pytest.importorskip("transformers")
     from unmask.models.bert import BertModel
-    from unmask.tasks.finetune import load_head_model
+    from unmask.train.finetune import load_head_model
 
     result, out = electra_run("run")
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval_rtd_loss" in line]

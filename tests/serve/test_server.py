@@ -96,7 +96,7 @@ def servers(model_dirs):
 
 
 def test_embed_equals_offline_encode(servers, model_dirs):
-    from unmask.tasks.embed import SentenceEncoder
+    from unmask.pipelines.embed import SentenceEncoder
 
     encoder = SentenceEncoder.from_pretrained(model_dirs["embed"])
     status, vectors = servers["embed"].call("POST", "/embed", {"inputs": TEXTS})
@@ -115,8 +115,8 @@ def test_embed_equals_offline_encode(servers, model_dirs):
 
 
 def test_predict_and_rerank_equal_offline(servers, model_dirs, tokenizer):
-    from unmask.tasks.finetune import load_head_model
-    from unmask.tasks.predict import predict_classify, predict_rerank
+    from unmask.pipelines.classify import predict_classify, predict_rerank
+    from unmask.train.finetune import load_head_model
 
     model = load_head_model("classify", str(model_dirs["classify"]))
     server = servers["classify"]
@@ -140,9 +140,9 @@ def test_predict_and_rerank_equal_offline(servers, model_dirs, tokenizer):
 
 
 def test_fill_mask_and_tag_equal_offline(servers, model_dirs, tokenizer):
-    from unmask.serve.fill_mask import fill_mask
-    from unmask.tasks.finetune import load_head_model
-    from unmask.tasks.tag import predict_entities
+    from unmask.pipelines.fill_mask import fill_mask
+    from unmask.pipelines.tag import predict_entities
+    from unmask.train.finetune import load_head_model
 
     masked_lm = BertForMaskedLM.from_pretrained(model_dirs["fill-mask"])
     texts = ["the old [MASK] remembered the lighthouse", "a [MASK] doctor [MASK] chairs"]
@@ -199,7 +199,7 @@ def test_bad_input_gets_a_json_4xx_and_the_server_stays_up(servers, raw, status,
 
 
 def test_concurrent_requests_share_forward_passes(servers, model_dirs):
-    from unmask.tasks.embed import SentenceEncoder
+    from unmask.pipelines.embed import SentenceEncoder
 
     server = servers["embed"]
     before = _batches(server)

@@ -9,13 +9,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from unmask.train.pretrain import PretrainArgs, TrainingError, pretrain
+from unmask.errors import TrainingError
+from unmask.train.pretrain import PretrainArgs, pretrain
 
 TINY_CONFIG = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                "intermediate_size": 64, "max_position_embeddings": 64}

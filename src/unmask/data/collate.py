@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import torch
 
 from unmask.data.masking import mlm_mask, real_token_ids, whole_word_mask
+from unmask.errors import UsageError
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_value: int, pad_to_multiple_of: int | None = None,
@@ -62,7 +63,7 @@ class MLMCollator:
     @classmethod
     def from_tokenizer(cls, tokenizer, **kwargs) -> "MLMCollator":
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
-            raise ValueError("masked-LM collation needs a tokenizer with a mask token and a pad token")
+            raise UsageError("masked-LM collation needs a tokenizer with a mask token and a pad token")
         return cls(pad_token_id=tokenizer.pad_token_id, mask_token_id=tokenizer.mask_token_id,
                    special_token_ids=tuple(tokenizer.special_token_ids), vocab_size=tokenizer.vocab_size, **kwargs)
 
@@ -74,12 +75,12 @@ class MLMCollator:
 
     def __call__(self, examples: Sequence[dict]) -> dict[str, torch.Tensor]:
         if not examples:
-            raise ValueError("cannot collate an empty batch")
+            raise UsageError("cannot collate an empty batch")
         input_ids, attention_mask = pad_batch([e["input_ids"] for e in examples], self.pad_token_id,
                                               self.pad_to_multiple_of)
         if self.whole_word_mask:
             if any("word_ids" not in e for e in examples):
-                raise ValueError("whole-word masking needs 'word_ids' in every example (Encoding.word_ids)")
+                raise UsageError("whole-word masking needs 'word_ids' in every example (Encoding.word_ids)")
             word_ids, _ = pad_batch([_as_word_ids(e["word_ids"]) for e in examples], -1, self.pad_to_multiple_of)
             inputs, labels = whole_word_mask(input_ids, word_ids, **self._masking_kwargs())
         else:

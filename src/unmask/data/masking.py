@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-IGNORE_INDEX = -100  # the one ignore index, everywhere (cross_entropy's default)
+from unmask.errors import UsageError
+from unmask.models.outputs import IGNORE_INDEX
 
 
 def special_tokens_mask(input_ids: torch.Tensor, special_token_ids) -> torch.Tensor:
@@ -43,9 +44,9 @@ def _corrupt(input_ids: torch.Tensor, chosen: torch.Tensor, decision: torch.Tens
 
 def _check_ratios(mlm_probability: float, mask_replace_prob: float, random_replace_prob: float) -> None:
     if not 0.0 < mlm_probability < 1.0:
-        raise ValueError(f"mlm_probability must be in (0, 1), got {mlm_probability}")
+        raise UsageError(f"mlm_probability must be in (0, 1), got {mlm_probability}")
     if min(mask_replace_prob, random_replace_prob) < 0 or mask_replace_prob + random_replace_prob > 1.0 + 1e-9:
-        raise ValueError("mask_replace_prob and random_replace_prob must be >= 0 and sum to at most 1, "
+        raise UsageError("mask_replace_prob and random_replace_prob must be >= 0 and sum to at most 1, "
                          f"got {mask_replace_prob} and {random_replace_prob}")
 
 
@@ -90,7 +91,7 @@ def whole_word_mask(input_ids: torch.Tensor, word_ids: torch.Tensor, *, mask_tok
     """
     _check_ratios(mlm_probability, mask_replace_prob, random_replace_prob)
     if word_ids.shape != input_ids.shape:
-        raise ValueError(f"word_ids {tuple(word_ids.shape)} and input_ids {tuple(input_ids.shape)} differ in shape")
+        raise UsageError(f"word_ids {tuple(word_ids.shape)} and input_ids {tuple(input_ids.shape)} differ in shape")
     if random_ids is None:
         random_ids = real_token_ids(vocab_size, special_token_ids)
     has_word = (word_ids >= 0) & ~special_tokens_mask(input_ids, special_token_ids)

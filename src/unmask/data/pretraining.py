@@ -18,6 +18,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from unmask.data.sources import DataError, expand_paths, iter_documents
+from unmask.errors import UsageError
 
 CACHE_VERSION = 1
 _LINES_PER_BATCH = 4096  # lines handed to the Rust tokenizer at once (it encodes a batch on all cores)
@@ -112,7 +113,7 @@ class PackedDataset:
     @classmethod
     def from_cache(cls, cache_dir: Path, tokenizer, max_seq_length: int, cross_documents: bool = False):
         if max_seq_length < 3:
-            raise ValueError(f"max_seq_length must leave room for [CLS] and [SEP], got {max_seq_length}")
+            raise UsageError(f"max_seq_length must leave room for [CLS] and [SEP], got {max_seq_length}")
         offsets = np.load(cache_dir / "doc_offsets.npy")
         return cls(np.load(cache_dir / "ids.npy", mmap_mode="r"), np.load(cache_dir / "word_starts.npy", mmap_mode="r"),
                    pack_spans(offsets, max_seq_length - 2, cross_documents), tokenizer.cls_token_id,

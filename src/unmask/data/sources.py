@@ -12,13 +12,11 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from unmask.errors import DataError
+
 # Gutenberg files wrap the book between one start and one end marker; some omit the space after "***".
 _GUTENBERG_START = re.compile(r"^\*\*\* ?START OF .*$", re.MULTILINE)
 _GUTENBERG_END = re.compile(r"^\*\*\* ?END OF .*$", re.MULTILINE)
-
-
-class DataError(ValueError):
-    """Input data that cannot be used as asked; the message names the file and what is wrong."""
 
 
 def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:

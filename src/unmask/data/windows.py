@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from unmask.errors import UsageError
+
 TRUNCATION = ("error", "truncate", "chunk")
 
 
@@ -49,7 +51,7 @@ def make_windows(encodings: list[tuple[list[int], list[int]]], max_length: int, 
                  stride: int | None = None) -> Windows:
     """`encodings` are (ids, token types) of `[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]`; see the module doc."""
     if truncation not in TRUNCATION:
-        raise ValueError(f"truncation must be one of {', '.join(TRUNCATION)}, got {truncation!r}")
+        raise UsageError(f"truncation must be one of {', '.join(TRUNCATION)}, got {truncation!r}")
     stride = max_length // 4 if stride is None else stride
     out = Windows()
     for i, (ids, types) in enumerate(encodings):
@@ -58,13 +60,13 @@ def make_windows(encodings: list[tuple[list[int], list[int]]], max_length: int, 
         size = max_length - len(head) - len(tail)
         if len(ids) > max_length:
             if truncation == "error":
-                raise ValueError(f"input {i} is {len(ids)} tokens, longer than the context of {max_length}; "
+                raise UsageError(f"input {i} is {len(ids)} tokens, longer than the context of {max_length}; "
                                  "pass truncation 'chunk' (windows) or 'truncate'")
             if size < 1:
-                raise ValueError(f"input {i}: its first segment alone ({len(head) - 1} tokens) fills the context "
+                raise UsageError(f"input {i}: its first segment alone ({len(head) - 1} tokens) fills the context "
                                  f"of {max_length}")
             if not 0 <= stride < size:
-                raise ValueError(f"stride {stride} must be smaller than the window's {size} content tokens")
+                raise UsageError(f"stride {stride} must be smaller than the window's {size} content tokens")
             out.longer += 1
         starts = window_starts(len(content), size, stride)
         if truncation != "chunk":

@@ -1,16 +1,19 @@
-"""Encoder architectures, one file each, and the table that picks a class from `model_type` and task."""
+"""Encoder architectures, one file each, and the one table that picks a class from `model_type` and head."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
 
+from unmask.errors import UsageError
+from unmask.hub import read_config
 from unmask.models import bert, modernbert
 from unmask.models.quantize import quantize_int8
+from unmask.runtime import warn_if_slow_bf16
 
-TASK_CLASSES = {
+# model_type -> head (unmask.heads.HEADS) -> class
+MODEL_CLASSES = {
     "bert": {"encoder": bert.BertModel, "masked-lm": bert.BertForMaskedLM,
              "sequence-classification": bert.BertForSequenceClassification,
              "token-classification": bert.BertForTokenClassification},
@@ -18,20 +21,21 @@ TASK_CLASSES = {
                    "sequence-classification": modernbert.ModernBertForSequenceClassification,
                    "token-classification": modernbert.ModernBertForTokenClassification},
 }
+ATTN_BACKENDS = modernbert.BACKENDS
 
 
-def model_class(model_type: str, task: str):
-    """The class for an architecture and a task, e.g. ("modernbert", "masked-lm") -> ModernBertForMaskedLM."""
-    return TASK_CLASSES[model_type][task]
+def model_class(model_type: str, head: str):
+    """The class for an architecture and a head, e.g. ("modernbert", "masked-lm") -> ModernBertForMaskedLM."""
+    return MODEL_CLASSES[model_type][head]
 
 
-def from_pretrained(path: str | Path, task: str, int8: bool = False, bf16: bool = False, **config_overrides):
-    """Load a model directory as the class its config.json names for `task` (an AutoModelFor... in one line);
-    `int8` / `bf16`: for inference (see `for_inference`)."""
-    from unmask.hub import read_config
-
-    config = read_config(Path(path))
-    model = model_class(config.model_type, task).from_pretrained(path, **config_overrides)
+def from_pretrained(path: str | Path, head: str, int8: bool = False, bf16: bool = False, config=None,
+                    **config_overrides):
+    """Load a model directory as the class its config.json names for `head` (an AutoModelFor... in one line);
+    `config`: the directory's config when the caller has read it already; `int8` / `bf16`: for inference (see
+    `for_inference`)."""
+    config = config if config is not None else read_config(path)
+    model = model_class(config.model_type, head).from_pretrained(path, config, **config_overrides)
     return for_inference(model, int8, bf16)
 
 
@@ -40,19 +44,24 @@ def for_inference(model: torch.nn.Module, int8: bool = False, bf16: bool = False
     models/quantize.py); `bf16` casts weights and activations to bfloat16 (GPUs, and CPUs with AVX512-BF16 or AMX;
     elsewhere bf16 products are emulated and slow). Both are for inference, not training."""
     if int8 and bf16:
-        raise ValueError("int8 and bf16 exclude each other: choose one")
+        raise UsageError("int8 and bf16 exclude each other: choose one")
     if int8:
         return quantize_int8(model)
     if bf16:
-        from unmask.train.loop import cpu_has_fast_bf16
-
-        device = next(model.parameters()).device
-        if device.type == "cpu" and not cpu_has_fast_bf16():
-            warnings.warn("bf16 on a CPU without AVX512-BF16 or AMX: bf16 products are emulated here and run far "
-                          "slower than fp32", stacklevel=2)
+        warn_if_slow_bf16(True, next(model.parameters()).device)
         return model.to(torch.bfloat16)
     return model
 
 
-def from_config(config, task: str):
-    return model_class(config.model_type, task)(config)
+def from_config(config, head: str):
+    return model_class(config.model_type, head)(config)
+
+
+def set_attn_backend(model: torch.nn.Module, backend: str) -> None:
+    """ModernBERT's attention backend for every ModernBERT encoder in `model` (ELECTRA holds two); a run-time choice
+    that changes no parameter. BERT always runs unpadded and has no such switch."""
+    if backend not in ATTN_BACKENDS:
+        raise UsageError(f"attn_backend must be one of {', '.join(ATTN_BACKENDS)}, got {backend!r}")
+    for module in model.modules():
+        if isinstance(module, modernbert.ModernBertModel):
+            module.attn_backend = backend

@@ -19,9 +19,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from unmask.config import BertConfig
+from unmask.errors import UsageError
 from unmask.hub import HubMixin
 from unmask.models import attention
-from unmask.models.activations import ACTIVATIONS, ACTIVATIONS_IN_PLACE
+from unmask.models.activations import ACTIVATIONS, activate
 from unmask.models.dropout import Dropout
 from unmask.models.outputs import (
     ClassifierOutput,
@@ -30,9 +31,10 @@ from unmask.models.outputs import (
     check_inputs,
     check_output_mask,
     classification_loss,
+    mlm_loss,
+    prediction_rows,
 )
 from unmask.models.padding import pad_input, unpad_input
-from unmask.objectives.mlm import mlm_loss, prediction_rows
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]  # (q, k, v, dropout_p)
 
@@ -64,15 +66,16 @@ class BertSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
         N, H = x.shape
         nh, hd = self.num_heads, H // self.num_heads
-        if torch.is_grad_enabled() and isinstance(self.query, nn.Linear):
+        if self.training and isinstance(self.query, nn.Linear):
             # training: one GEMM for q, k and v forward, and one per gradient backward; the weights stay three
             # HF-named parameters, stacked anew each step (they change every step)
             weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
             bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
             q, k, v = F.linear(x, weight, bias).view(N, 3, nh, hd).unbind(1)  # (N, nh, hd) each
         else:
-            # inference: three GEMMs, no weight copy per call (stacking bert-base's q/k/v weights copies 85 MB a
-            # forward, ~5% of a one-input latency); also the path of int8 packed weights, which cannot be stacked
+            # inference: three GEMMs, no weight copy per call (stacking bert-base's q/k/v weights would copy them at
+            # every forward, a visible share of a one-input latency); also the path of int8 packed weights, which
+            # cannot be stacked
             q, k, v = (proj(x).view(N, nh, hd) for proj in (self.query, self.key, self.value))
         y = attend(q, k, v, self.dropout_p if self.training else 0.0)  # (N, nh, hd)
         return y.reshape(N, H)
@@ -106,14 +109,10 @@ class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = ACTIVATIONS[config.hidden_act]
-        self.act_in_place = ACTIVATIONS_IN_PLACE[config.hidden_act]
+        self.activation = config.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.dense(x)  # (N, 4H)
-        # in inference, overwrite the layer's largest activation rather than allocate and write a second (N, 4H)
-        # tensor (MiniLM fill-mask forward at batch 32: 188 -> 177 ms)
-        return self.act(h) if torch.is_grad_enabled() else self.act_in_place(h)
+        return activate(self.activation, self.dense(x))  # (N, 4H)
 
 
 class BertOutput(BertSelfOutput):
@@ -279,9 +278,10 @@ class BertOnlyMLMHead(nn.Module):
 class BertForMaskedLM(HubMixin, nn.Module):
     """BERT with its masked-LM head; the decoder shares the word-embedding matrix.
 
-    With `labels`, the head and the last layer's attention output and feed-forward run only at the labelled positions
-    (sparse prediction): the loss equals the one computed from full logits, without the (B, T, V) tensor. `logits`
-    is then (M, V) in row-major order of `predicted_positions` (the labelled ones and a few more, label -100).
+    `forward` returns (B, T, V) logits, as `transformers` does. With `sparse_prediction=True` (training, fill-mask),
+    the head and the last layer's attention output and feed-forward run only at the labelled positions: the loss
+    equals the one computed from full logits, without the (B, T, V) tensor, and `logits` is (M, V) in row-major order
+    of `predicted_positions` (the labelled ones and a few more, label -100).
     """
 
     base_model_prefix = "bert"
@@ -301,10 +301,14 @@ class BertForMaskedLM(HubMixin, nn.Module):
             self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> MaskedLMOutput:
-        if labels is None:
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                sparse_prediction: bool = False) -> MaskedLMOutput:
+        if not sparse_prediction:
             x = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
-            return MaskedLMOutput(None, self.cls(x))
+            logits = self.cls(x)  # (B, T, V)
+            return MaskedLMOutput(None if labels is None else mlm_loss(logits, labels), logits)
+        if labels is None:
+            raise UsageError("sparse_prediction needs labels: they say where to predict (-100 elsewhere)")
         rows = prediction_rows(labels, attention_mask)  # (B, T): the labelled positions, and a few to round M
         x = self.bert(input_ids, attention_mask, token_type_ids, output_mask=rows).last_hidden_state  # (M, H)
         logits = self.cls(x)  # (M, V): the vocabulary projection only where a label is

@@ -8,9 +8,8 @@ The attention backend is a run-time choice, `model.attn_backend = "varlen" | "sd
 parameter: "varlen" (the default) drops the padding once after the embeddings and runs every layer on the
 concatenated real tokens (FlashAttention's varlen kernel on a GPU where installed, an equivalent SDPA path
 elsewhere); "sdpa" runs padded batches with a boolean mask (padding, plus the band on sliding-window layers), as
-`transformers` does. On ragged batches varlen skips the padding's share of every product (modernbert-small, 16
-texts of 64-512 tokens, CPU inference: 1.77-1.79 s -> 0.99 s; a modernbert-mini training step on 32 texts of
-16-128 tokens 570 -> 440 ms); on packed batches, with nothing to skip, the two run the same kernels.
+`transformers` does. On ragged batches varlen skips the padding's share of every product (BENCHMARKS.md); on packed
+batches, with nothing to skip, the two run the same kernels.
 Shapes: B batch, T tokens, N real tokens, H hidden, nh heads, hd head dim.
 """
 
@@ -22,9 +21,10 @@ import torch
 import torch.nn as nn
 
 from unmask.config import ModernBertConfig
+from unmask.errors import UsageError
 from unmask.hub import HubMixin
 from unmask.models import attention, rope
-from unmask.models.activations import ACTIVATIONS, ACTIVATIONS_IN_PLACE
+from unmask.models.activations import ACTIVATIONS, gated
 from unmask.models.dropout import Dropout
 from unmask.models.outputs import (
     ClassifierOutput,
@@ -33,9 +33,10 @@ from unmask.models.outputs import (
     check_inputs,
     check_output_mask,
     classification_loss,
+    mlm_loss,
+    prediction_rows,
 )
 from unmask.models.padding import pad_input, positions_in_sequence, unpad_input
-from unmask.objectives.mlm import mlm_loss, prediction_rows
 
 BACKENDS = ("sdpa", "varlen")
 
@@ -82,17 +83,13 @@ class ModernBertMLP(nn.Module):
     def __init__(self, config: ModernBertConfig):
         super().__init__()
         self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.act = ACTIVATIONS[config.hidden_activation]
-        self.act_in_place = ACTIVATIONS_IN_PLACE[config.hidden_activation]
+        self.activation = config.hidden_activation
         self.drop = Dropout(config.mlp_dropout)
         self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         value, gate = self.Wi(x).chunk(2, dim=-1)  # (N, I) views of one (N, 2I) tensor
-        if torch.is_grad_enabled():
-            return self.Wo(self.drop(self.act(value) * gate))
-        # inference: GeGLU written into Wi's output, no two more (N, I) tensors (Wo reads the strided half)
-        return self.Wo(self.drop(self.act_in_place(value).mul_(gate)))
+        return self.Wo(self.drop(gated(self.activation, value, gate)))  # Wo reads a strided half when in place
 
 
 class ModernBertEncoderLayer(nn.Module):
@@ -173,7 +170,7 @@ class ModernBertModel(HubMixin, nn.Module):
         feed-forward then runs at those rows alone (what a sparse MLM head reads)."""
         check_inputs(self.config, input_ids)
         if self.attn_backend not in BACKENDS:
-            raise ValueError(f"attn_backend must be one of {BACKENDS}, got {self.attn_backend!r}")
+            raise UsageError(f"attn_backend must be one of {BACKENDS}, got {self.attn_backend!r}")
         B, T = input_ids.shape
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -236,8 +233,8 @@ class _WithEncoder(HubMixin, nn.Module):
 
 
 class ModernBertForMaskedLM(_WithEncoder):
-    """The MLM head; with `labels` it, and the last layer's feed-forward, run only at the labelled positions (sparse
-    prediction)."""
+    """The MLM head: (B, T, V) logits, as `transformers`; with `sparse_prediction=True` it, and the last layer's
+    feed-forward, run only at the labelled positions, (M, V) logits at `predicted_positions` (see BertForMaskedLM)."""
 
     def __init__(self, config: ModernBertConfig):
         super().__init__()
@@ -257,10 +254,14 @@ class ModernBertForMaskedLM(_WithEncoder):
             self.decoder.weight = self.model.embeddings.tok_embeddings.weight
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> MaskedLMOutput:
-        if labels is None:
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                sparse_prediction: bool = False) -> MaskedLMOutput:
+        if not sparse_prediction:
             x = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
-            return MaskedLMOutput(None, self.decoder(self.head(x)))
+            logits = self.decoder(self.head(x))  # (B, T, V)
+            return MaskedLMOutput(None if labels is None else mlm_loss(logits, labels), logits)
+        if labels is None:
+            raise UsageError("sparse_prediction needs labels: they say where to predict (-100 elsewhere)")
         rows = prediction_rows(labels, attention_mask)  # (B, T): the labelled positions, and a few to round M
         x = self.model(input_ids, attention_mask, output_mask=rows).last_hidden_state  # (M, H)
         logits = self.decoder(self.head(x))  # (M, V)

@@ -16,14 +16,16 @@ import torch
 import torch.nn as nn
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+from unmask.errors import UsageError
+
 
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Replace the model's linear layers, in place, by dynamically quantised int8 ones; returns the model in
     eval mode."""
     if any(p.device.type != "cpu" for p in model.parameters()):
-        raise ValueError("int8 dynamic quantisation runs on CPU only; load the model on CPU (or drop --int8)")
+        raise UsageError("int8 dynamic quantisation runs on CPU only; load the model on CPU (or drop --int8)")
     if any(p.dtype != torch.float32 for p in model.parameters()):
-        raise ValueError("int8 quantisation starts from float32 weights; do not combine it with a bf16 model")
+        raise UsageError("int8 quantisation starts from float32 weights; do not combine it with a bf16 model")
     with warnings.catch_warnings():
         # torch marks its quantised tensor types as deprecated (in favour of torchao, a dependency we do not
         # take); they still work in the pinned torch and are the only int8 GEMM path in it for CPU

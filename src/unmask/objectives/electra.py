@@ -25,10 +25,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from unmask.data.masking import IGNORE_INDEX
-from unmask.hub import CheckpointError, atomic_write, load_weights, read_weights
+from unmask.errors import CheckpointError, UsageError
+from unmask.hub import load_weights, read_weights
+from unmask.io import atomic_write
 from unmask.models import from_config
-from unmask.objectives.mlm import mlm_loss, prediction_rows
+from unmask.models.outputs import IGNORE_INDEX, mlm_loss, prediction_rows
 
 EXTRA_WEIGHTS = "electra.safetensors"
 
@@ -36,14 +37,14 @@ EXTRA_WEIGHTS = "electra.safetensors"
 def generator_config(config, generator_size: float):
     """The discriminator's config at `generator_size` of its width (hidden, feed-forward, heads); same depth."""
     if not 0.0 < generator_size <= 1.0:
-        raise ValueError(f"--generator_size must be in (0, 1], got {generator_size}")
+        raise UsageError(f"--generator_size must be in (0, 1], got {generator_size}")
     heads = max(1, round(config.num_attention_heads * generator_size))
     head_dim = config.hidden_size // config.num_attention_heads
     try:
         return replace(config, hidden_size=heads * head_dim, num_attention_heads=heads,
                        intermediate_size=max(1, round(config.intermediate_size * generator_size)))
     except ValueError as e:
-        raise ValueError(f"--generator_size {generator_size} gives an invalid generator config: {e}") from e
+        raise UsageError(f"--generator_size {generator_size} gives an invalid generator config: {e}") from e
 
 
 class ProjectedEmbeddings(nn.Module):
@@ -105,7 +106,7 @@ class ElectraPretrainer(nn.Module):
     def __init__(self, config, generator_size: float = 0.25, rtd_weight: float = 50.0):
         super().__init__()
         if rtd_weight <= 0:
-            raise ValueError(f"--rtd_weight must be positive, got {rtd_weight}")
+            raise UsageError(f"--rtd_weight must be positive, got {rtd_weight}")
         self.config, self.rtd_weight = config, rtd_weight
         self.discriminator = _without_pooler(from_config(config, "encoder"))
         self.discriminator_predictions = DiscriminatorHead(config.hidden_size)
@@ -126,7 +127,7 @@ class ElectraPretrainer(nn.Module):
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> ElectraOutput:
         """`input_ids` masked by the MLM collator, `labels` the originals at the masked positions (-100 elsewhere)."""
         if labels is None:
-            raise ValueError("ELECTRA pretraining needs the collator's labels (which positions were masked)")
+            raise UsageError("ELECTRA pretraining needs the collator's labels (which positions were masked)")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         masked = labels != IGNORE_INDEX  # (B, T)

@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from unmask.errors import UsageError
+
 
 @dataclass
 class Job:
@@ -44,7 +46,7 @@ class Batcher:
     def __init__(self, run: Callable[[str, list, tuple], list], max_batch_tokens: int,
                  on_batch: Callable[[BatchStats], None] = lambda stats: None):
         if max_batch_tokens < 1:
-            raise ValueError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
+            raise UsageError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
         self.run, self.max_batch_tokens, self.on_batch = run, max_batch_tokens, on_batch
         self._pending: deque[Job] = deque()
         self._wakeup = threading.Condition()

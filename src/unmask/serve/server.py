@@ -20,24 +20,30 @@ input over the length limit with truncation off, 422 for wrong types and empty i
 from __future__ import annotations
 
 import json
-import warnings
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from unmask.hub import CheckpointError, load_tokenizer, read_config
-from unmask.serve.batching import BatchStats, Batcher, Job
+from unmask import models
+from unmask.errors import CheckpointError, UnmaskError, UsageError
+from unmask.heads import SERVED_TASK, head_of
+from unmask.hub import read_config
+from unmask.pipelines.classify import label_scores, ranked, relevance, window_logits
+from unmask.pipelines.embed import SentenceEncoder
+from unmask.pipelines.fill_mask import fill_mask_tokens
+from unmask.pipelines.tag import entities_of
+from unmask.serve.batching import Batcher, BatchStats, Job
+from unmask.tokenizer import load_tokenizer
 
-HEADS = {"ForMaskedLM": "fill-mask", "ForSequenceClassification": "classify", "ForTokenClassification": "tag"}
+# the routes that answer for each served task (unmask.heads.SERVED_TASK)
 ROUTES = {"embed": ("embed",), "fill-mask": ("fill-mask",), "classify": ("predict", "rerank"), "tag": ("tag",)}
 
 
-class ServeError(Exception):
+class ServeError(UnmaskError):
     """A request the server refuses: `status` and TEI's `error_type`."""
 
     def __init__(self, status: int, message: str, error_type: str = "Validation"):
@@ -58,21 +64,12 @@ class ServeOptions:
 
     def __post_init__(self):
         if self.truncation not in ("error", "truncate"):
-            raise ValueError(f"--truncation must be error or truncate, got {self.truncation!r}")
+            raise UsageError(f"--truncation must be error or truncate, got {self.truncation!r}")
         if self.int8 and self.bf16:
-            raise ValueError("--int8 and --bf16 exclude each other: choose one")
+            raise UsageError("--int8 and --bf16 exclude each other: choose one")
         for name in ("max_batch_tokens", "max_client_batch_size", "forward_batch_size", "payload_limit"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
-
-
-def head_of(path: Path) -> str:
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    for architecture in config.get("architectures") or []:
-        for suffix, head in HEADS.items():
-            if architecture.endswith(suffix):
-                return head
-    return "embed"
+                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
 
 
 class ServedModel:
@@ -80,25 +77,23 @@ class ServedModel:
 
     def __init__(self, path: str | Path, max_input_length: int | None = None, forward_batch_size: int = 32,
                  int8: bool = False, bf16: bool = False):
-        from unmask import models
-        from unmask.tasks.embed import SentenceEncoder
-
         self.path = Path(path)
         if not (self.path / "config.json").exists():
             raise CheckpointError(f"{self.path}: not a model directory (no config.json)")
-        self.head = head_of(self.path)
+        config = read_config(self.path)  # once: the head, the model and the tokenizer check all read it
+        model_head = head_of(config.architectures)
+        self.head = SERVED_TASK[model_head]
         self.encoder = None
         if self.head == "embed":
-            self.encoder = SentenceEncoder.from_pretrained(self.path, int8=int8, bf16=bf16)
+            self.encoder = SentenceEncoder.from_pretrained(self.path, int8=int8, bf16=bf16, config=config)
             self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
             context = self.encoder.max_seq_length
         else:
-            task = {"fill-mask": "masked-lm", "classify": "sequence-classification", "tag": "token-classification"}
-            self.model = models.from_pretrained(self.path, task[self.head], int8=int8, bf16=bf16).eval()
-            self.tokenizer = load_tokenizer(self.path, read_config(self.path))
+            self.model = models.from_pretrained(self.path, model_head, int8=int8, bf16=bf16, config=config).eval()
+            self.tokenizer = load_tokenizer(self.path, config)
             context = self.model.config.max_position_embeddings
         if max_input_length is not None and max_input_length < 3:
-            raise ValueError(f"--max_input_length must leave room for [CLS] and [SEP], got {max_input_length}")
+            raise UsageError(f"--max_input_length must leave room for [CLS] and [SEP], got {max_input_length}")
         self.max_input_length = min(max_input_length or context, context)
         if self.encoder is not None:
             self.encoder.max_seq_length = self.max_input_length
@@ -149,24 +144,20 @@ class ServedModel:
 
     # -- the forward passes (batching thread) ------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def run(self, kind: str, inputs: list, options: tuple) -> list:
-        from unmask.serve.fill_mask import fill_mask
-        from unmask.tasks.predict import window_logits
-        from unmask.tasks.tag import predict_entities
-
-        n = self.forward_batch_size  # the inputs of all the batched requests, sorted by length, n at a time
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # inputs were fitted to the limit already; nothing is cut here
-            if kind == "embed":
-                return list(self.encoder.encode(inputs, batch_size=n, normalize=False, show_progress=False,
-                                                truncation="truncate"))
-            if kind in ("predict", "rerank"):
-                return list(window_logits(self.model, self.tokenizer, inputs, "truncate", None, batch_size=n).numpy())
-            if kind == "fill-mask":
-                return fill_mask(self.model, self.tokenizer, inputs, top_k=options[0], batch_size=n)
-            if kind == "tag":
-                return predict_entities(self.model, self.tokenizer, inputs, truncation="truncate", batch_size=n)
+        """One result per input; `inputs` are (item, encoding) pairs, fitted to the limit already (nothing is cut
+        here, so "truncate" only takes the first and only window)."""
+        items, encodings = [item for item, _ in inputs], [encoding for _, encoding in inputs]
+        n, pad = self.forward_batch_size, self.tokenizer.pad_token_id
+        if kind == "embed":
+            return list(self.encoder.encode_tokens(encodings, n, normalize=False, show_progress=False,
+                                                   truncation="truncate"))
+        if kind in ("predict", "rerank"):
+            return list(window_logits(self.model, encodings, pad, "truncate", batch_size=n))
+        if kind == "fill-mask":
+            return fill_mask_tokens(self.model, self.tokenizer, encodings, top_k=options[0], batch_size=n)
+        if kind == "tag":
+            return entities_of(self.model, items, encodings, pad, truncation="truncate", batch_size=n)
         raise ValueError(f"unknown kind {kind!r}")
 
 
@@ -270,7 +261,7 @@ def create_app(model: ServedModel, options: ServeOptions):
         cut = options.truncation == "truncate" if truncate is None else truncate
         fitted, counts, encodings = await run_in_threadpool(model.fit, items, cut)
         check(encodings)
-        job = Job(kind, fitted, sum(counts), job_options)
+        job = Job(kind, list(zip(fitted, encodings)), sum(counts), job_options)
         results = await batcher_box["batcher"].submit(job)
         metrics.count("/" + kind, 200)
         return results
@@ -291,13 +282,10 @@ def create_app(model: ServedModel, options: ServeOptions):
         if not body.query.strip():
             raise ServeError(422, "query is empty")
         logits = np.stack(await schedule("rerank", [(body.query, t) for t in texts], body.truncate))
-        if logits.shape[1] == 1:  # one relevance logit: TEI applies a sigmoid unless raw scores are asked for
-            scores = logits[:, 0] if body.raw_scores else 1 / (1 + np.exp(-logits[:, 0]))
-        else:  # the last class is "relevant"
-            scores = logits[:, -1] if body.raw_scores else _softmax(logits)[:, -1]
-        ranked = sorted(range(len(texts)), key=lambda i: -float(scores[i]))
-        return [{"index": i, "score": float(scores[i]), **({"text": texts[i]} if body.return_text else {})}
-                for i in ranked]
+        answers = ranked(relevance(logits, body.raw_scores))
+        if body.return_text:
+            answers = [{**answer, "text": texts[answer["index"]]} for answer in answers]
+        return answers
 
     @app.post("/predict", summary="Sequence classification (TEI's /predict): every label, best first")
     async def predict(body: PredictRequest) -> list:
@@ -305,10 +293,7 @@ def create_app(model: ServedModel, options: ServeOptions):
         items, single = as_list(body.inputs)
         items = [tuple(x) if isinstance(x, list) else x for x in items]
         logits = np.stack(await schedule("predict", items, body.truncate))
-        id2label = model.model.config.id2label
-        scores = logits if body.raw_scores or logits.shape[1] == 1 else _softmax(logits)
-        answers = [sorted(({"label": id2label.get(j, str(j)), "score": float(row[j])} for j in range(len(row))),
-                          key=lambda r: -r["score"]) for row in scores]
+        answers = label_scores(logits, model.model.config.id2label or {}, body.raw_scores)
         return answers[0] if single else answers
 
     @app.post("/tokenize", summary="Tokens with their character offsets (TEI's /tokenize)")
@@ -455,11 +440,6 @@ class Metrics:
                  f"# HELP unmask_tokens_per_second Tokens per second of the last forward pass\n"
                  f"# TYPE unmask_tokens_per_second gauge\nunmask_tokens_per_second {self.last_rate}\n")
         return generate_latest(self.registry).decode() + extra
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
 
 
 def _version() -> str:

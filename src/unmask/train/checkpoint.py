@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from unmask.hub import CheckpointError, atomic_write
+from unmask.errors import CheckpointError
+from unmask.io import atomic_write
 
 STATE_NAME = "training_state.pt"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")

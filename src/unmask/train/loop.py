@@ -1,11 +1,11 @@
 """The one training loop, shared by pretraining and fine-tuning. No framework: a `while` over optimizer steps.
 
     step:  make_batch(step) gives the whole global step, collated (all ranks, all micro-batches)
-           -> for each micro-batch: forward on this rank's rows -> backward
-           -> clip -> the scheduled learning rate -> AdamW step
-    every logging_steps: a line in metrics.jsonl and the progress bar
-    every eval_steps:    evaluate() (rank 0), best model exported, early stopping
-    every save_steps:    checkpoint-N/ = model directory + training_state.pt, atomically
+           -> for each micro-batch: forward on this rank's rows -> backward        (`accumulate`)
+           -> clip -> the scheduled learning rate -> AdamW step                    (`update`)
+    every logging_steps: a line in metrics.jsonl and the progress bar             (`Run.log`)
+    every eval_steps:    evaluate() (rank 0), best model exported, early stopping (`Run.evaluate`)
+    every save_steps:    checkpoint-N/ = model directory + training_state.pt      (`Run.save`)
 
 Losses are means over *units* (masked tokens, tagged tokens, or examples) and each micro-batch is weighted by its
 share of the units of the whole global step, so neither the number of processes nor gradient accumulation changes
@@ -14,29 +14,30 @@ the update: N processes make the same step as one process with the same global b
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
-import os
 import time
-import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
-import torch.distributed as torch_dist
 from tqdm.auto import tqdm
 
-from unmask.hub import atomic_write, atomic_write_text, load_weights, read_weights
-from unmask.memory import keep_freed_memory
-from unmask.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from unmask.errors import TrainingError, UsageError
+from unmask.hub import load_weights, read_weights
+from unmask.models.outputs import IGNORE_INDEX
+from unmask.runtime import warn_if_slow_bf16
+from unmask.train.checkpoint import (
+    latest_checkpoint,
+    load_training_state,
+    save_checkpoint,
+)
+from unmask.train.distributed import Distributed
+from unmask.train.metrics_log import MetricsLog, plot_loss_curve
 from unmask.train.optim import lr_factor, make_optimizer, set_learning_rate
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (a NaN loss, a bad resume point); the message says what to change."""
 
 
 @dataclass(kw_only=True)
@@ -70,50 +71,39 @@ class TrainingArgs:
     def __post_init__(self):
         for name in ["per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps"]:
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
+                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.max_steps < 0 or self.warmup_steps < 0:
-            raise ValueError("--max_steps and --warmup_steps cannot be negative")
+            raise UsageError("--max_steps and --warmup_steps cannot be negative")
         if self.learning_rate <= 0:
-            raise ValueError(f"--learning_rate must be positive, got {self.learning_rate}")
+            raise UsageError(f"--learning_rate must be positive, got {self.learning_rate}")
         if self.lr_scheduler_type not in ("linear", "cosine", "constant"):
-            raise ValueError(f"--lr_scheduler_type must be linear, cosine or constant, got {self.lr_scheduler_type}")
+            raise UsageError(f"--lr_scheduler_type must be linear, cosine or constant, got {self.lr_scheduler_type}")
         if self.attn_backend not in ("sdpa", "varlen"):
-            raise ValueError(f"--attn_backend must be sdpa or varlen, got {self.attn_backend!r}")
+            raise UsageError(f"--attn_backend must be sdpa or varlen, got {self.attn_backend!r}")
 
 
 @dataclass
-class Distributed:
-    rank: int = 0
-    world_size: int = 1
-    device: torch.device = torch.device("cpu")
+class Evaluation:
+    """How a run is evaluated: `evaluate()` returns metrics (without the `eval_` prefix). With `metric` (e.g.
+    "eval_accuracy"), the best evaluated model is the exported one, and `patience` evaluations without a gain stop
+    the run early."""
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            torch_dist.barrier()
-
-    def sum(self, value: float) -> float:
-        if self.world_size == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64)
-        torch_dist.all_reduce(t)
-        return float(t.item())
+    evaluate: Callable[[], dict]
+    metric: str | None = None
+    greater_is_better: bool = True
+    patience: int | None = None
 
 
-def init_distributed() -> Distributed:
-    """One process, or one rank of a `torchrun` job (gloo on CPU, nccl on GPU)."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    if world_size > 1 and not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    rank = torch_dist.get_rank() if world_size > 1 else 0
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return Distributed(rank, world_size, device)
+@dataclass
+class LoopState:
+    """Where the run is; saved in every checkpoint (with the optimizer and the random states) to continue exactly."""
+
+    step: int = 0
+    elapsed: float = 0.0  # training seconds before this process started (a resumed run)
+    best: float | None = None
+    best_step: int | None = None
+    bad_evals: int = 0
+    last_eval_step: int | None = None
 
 
 class SampleOrder:
@@ -138,18 +128,6 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device, rows: slice 
     return {k: (v[rows] if rows is not None else v).to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def cpu_has_fast_bf16() -> bool:
-    """AVX512-BF16 or AMX: without either, CPU bf16 matmuls are emulated (measured here on an AVX2-only EPYC:
-    1 GFLOP/s in bf16 against 86 in fp32 for the same product)."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
-def check_bf16(enabled: bool, device: torch.device) -> None:
-    if enabled and device.type == "cpu" and not cpu_has_fast_bf16():
-        warnings.warn("--bf16 on a CPU without AVX512-BF16 or AMX: bf16 matrix products are emulated here and run "
-                      "10-80x slower than fp32; drop --bf16 on this machine", stacklevel=2)
-
-
 def autocast(enabled: bool, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else nullcontext()
 
@@ -158,206 +136,196 @@ def count_units(labels: torch.Tensor) -> int:
     """What a mean loss averages over: labelled tokens (-100 elsewhere), or examples for float targets."""
     if labels.is_floating_point():
         return labels.shape[0]
-    return int((labels != -100).sum())
+    return int((labels != IGNORE_INDEX).sum())
 
 
-def plot_loss_curve(metrics_file: Path, png: Path) -> None:
-    import matplotlib
+@dataclass
+class Window:
+    """What the next metrics line averages: the steps since the last one."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-    train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
-    evals = [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if train:
-        ax.plot(*zip(*train), label="train loss")
-    if evals:
-        ax.plot(*zip(*evals), "o-", label="validation loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    atomic_write(png, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    start: float = field(default_factory=time.perf_counter)
+    tokens: int = 0
+    loss: float = 0.0
+    steps: int = 0
 
 
-class MetricsLog:
-    """metrics.jsonl, one JSON object per line; a resumed run drops the lines written after its checkpoint."""
+class Run:
+    """One training run: the model, its optimizer and where it is. `train_loop` drives it step by step."""
 
-    def __init__(self, path: Path, resume_step: int | None, enabled: bool):
-        self.path, self.enabled = path, enabled
-        if not enabled:
-            return
-        if resume_step is None:
-            path.unlink(missing_ok=True)
-        elif path.exists():
-            kept = [l for l in path.read_text().splitlines() if l and json.loads(l)["step"] <= resume_step]
-            atomic_write_text(path, "".join(line + "\n" for line in kept))
+    def __init__(self, model, tokenizer, args: TrainingArgs, dist: Distributed, evaluation: Evaluation | None,
+                 generators: tuple[torch.Generator, ...], model_kwargs: dict):
+        self.model, self.tokenizer, self.args, self.dist = model, tokenizer, args, dist
+        self.evaluation, self.generators, self.model_kwargs = evaluation, generators, model_kwargs
+        self.output_dir = Path(args.output_dir)
+        self.optimizer = make_optimizer(model, args.learning_rate, args.weight_decay, betas=(0.9, args.adam_beta2),
+                                        eps=args.adam_epsilon)
+        self.state = LoopState()
+        if args.resume_from_checkpoint:
+            self.resume()
+        self.metrics = MetricsLog(self.output_dir / "metrics.jsonl",
+                                  self.state.step if args.resume_from_checkpoint else None, dist.is_main)
+        model.to(dist.device).train()
+        self.ddp_model = torch.nn.parallel.DistributedDataParallel(model) if dist.world_size > 1 else model
+        # compiled for the training steps only (evaluation runs `model` eagerly); the parameters are shared
+        self.forward = torch.compile(self.ddp_model) if args.torch_compile else self.ddp_model
+        self.started = time.perf_counter()
+        self.window = Window()
+        self.lr = 0.0
 
-    def write(self, row: dict) -> None:
-        if self.enabled:
-            with self.path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-
-    def rows(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-
-def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, int], dict[str, torch.Tensor]],
-               dist: Distributed, *, evaluate: Callable[[], dict] | None = None, metric_for_best: str | None = None,
-               greater_is_better: bool = True, early_stopping_patience: int | None = None,
-               generators: tuple[torch.Generator, ...] = ()) -> dict:
-    """Train `model` and export it to `args.output_dir` (the best evaluated model when `metric_for_best` is set).
-
-    `make_batch(step, size)` returns the collated global step of `size` rows; `generators` are the random sources
-    of the data side (the collator's), saved in checkpoints so a resumed run draws the same masks.
-    """
-    keep_freed_memory()  # large per-step tensors are reused, not page-faulted in again (see unmask/memory.py)
-    check_bf16(args.bf16, dist.device)
-    for module in model.modules():  # every ModernBERT encoder inside (ELECTRA has two); a run-time choice
-        if hasattr(module, "attn_backend"):
-            module.attn_backend = args.attn_backend
-    output_dir = Path(args.output_dir)
-    optimizer = make_optimizer(model, args.learning_rate, args.weight_decay, betas=(0.9, args.adam_beta2),
-                               eps=args.adam_epsilon)
-    state = {"step": 0, "elapsed": 0.0, "best": None, "best_step": None, "bad_evals": 0, "last_eval_step": None}
-    if args.resume_from_checkpoint:
-        checkpoint = (latest_checkpoint(output_dir) if args.resume_from_checkpoint == "latest"
+    def resume(self) -> None:
+        """Weights, optimizer, random states and loop state from a checkpoint."""
+        args = self.args
+        checkpoint = (latest_checkpoint(self.output_dir) if args.resume_from_checkpoint == "latest"
                       else Path(args.resume_from_checkpoint))
         if checkpoint is None:
-            raise TrainingError(f"--resume_from_checkpoint latest: no complete checkpoint in {output_dir}")
+            raise TrainingError(f"--resume_from_checkpoint latest: no complete checkpoint in {self.output_dir}")
         saved = load_training_state(checkpoint)
-        if hasattr(model, "restore_weights"):  # a pretrainer whose checkpoint is more than the exported model
-            model.restore_weights(checkpoint)
+        if hasattr(self.model, "restore_weights"):  # a pretrainer whose checkpoint is more than the exported model
+            self.model.restore_weights(checkpoint)
         else:
-            load_weights(model, read_weights(checkpoint), str(checkpoint))
-        optimizer.load_state_dict(saved["optimizer"])
+            load_weights(self.model, read_weights(checkpoint), str(checkpoint))
+        self.optimizer.load_state_dict(saved["optimizer"])
         torch.set_rng_state(saved["torch_rng"])
-        for generator, rng in zip(generators, saved["generators"]):
+        for generator, rng in zip(self.generators, saved["generators"]):
             generator.set_state(rng)
-        state.update(saved["loop"])
-    metrics = MetricsLog(output_dir / "metrics.jsonl", state["step"] if args.resume_from_checkpoint else None,
-                         dist.is_main)
+        self.state = LoopState(**saved["loop"])
 
-    model.to(dist.device).train()
-    ddp_model = torch.nn.parallel.DistributedDataParallel(model) if dist.world_size > 1 else model
-    # compiled for the training steps only (evaluation runs `model` eagerly); the parameters are shared
-    forward = torch.compile(ddp_model) if args.torch_compile else ddp_model
-    rows = args.per_device_train_batch_size
-    global_rows = rows * dist.world_size
-    step_rows = global_rows * args.gradient_accumulation_steps
-    budget_s = args.max_train_minutes * 60 if args.max_train_minutes else None
-    progress = tqdm(total=args.max_steps, initial=state["step"], desc="training",
-                    disable=not (args.show_progress and dist.is_main))
-    start = time.perf_counter()
-    window = {"tokens": 0, "loss": 0.0, "steps": 0, "start": start}
-    lr, last_row, stop_reason = 0.0, {}, "max_steps"
+    def elapsed(self) -> float:
+        return self.state.elapsed + time.perf_counter() - self.started
 
-    def elapsed() -> float:
-        return state["elapsed"] + time.perf_counter() - start
-
-    def log_window() -> dict:
-        now = time.perf_counter()
-        row = {"step": state["step"], "loss": window["loss"] / window["steps"], "learning_rate": lr,
-               "tokens_per_second": dist.sum(window["tokens"]) / (now - window["start"]),
-               "elapsed_seconds": elapsed()}
-        progress.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_second']:,.0f}")
-        metrics.write(row)
-        window.update(tokens=0, loss=0.0, steps=0, start=time.perf_counter())
-        return row
-
-    def run_evaluation() -> bool:
-        """Evaluate, export the model if it is the best so far; True when patience has run out."""
-        result = {f"eval_{k}": v for k, v in evaluate().items()}
-        metrics.write({"step": state["step"], **result})
-        state["last_eval_step"] = state["step"]
-        if metric_for_best is None:
-            return False
-        value = result[metric_for_best]
-        better = state["best"] is None or (value > state["best"] if greater_is_better else value < state["best"])
-        if better:
-            state.update(best=value, bad_evals=0, best_step=state["step"])
-            model.save_pretrained(output_dir, tokenizer=tokenizer)
-        else:
-            state["bad_evals"] += 1
-        return early_stopping_patience is not None and state["bad_evals"] >= early_stopping_patience
-
-    while state["step"] < args.max_steps:
-        if budget_s is not None and elapsed() >= budget_s:
-            stop_reason = "time budget"
-            break
-        batch = make_batch(state["step"], step_rows)
+    def accumulate(self, batch: dict[str, torch.Tensor]) -> float:
+        """Forward and backward over this rank's micro-batches of the global step; returns the step's mean loss."""
+        args, dist = self.args, self.dist
+        rows = args.per_device_train_batch_size
         n_units = count_units(batch["labels"])  # over the whole global step
         step_loss = 0.0
         for k in range(args.gradient_accumulation_steps):
-            offset = k * global_rows + dist.rank * rows
+            offset = (k * dist.world_size + dist.rank) * rows
             local = to_device(batch, dist.device, slice(offset, offset + rows))
-            sync = (ddp_model.no_sync() if dist.world_size > 1 and k < args.gradient_accumulation_steps - 1
-                    else nullcontext())
-            with sync:
+            last = k == args.gradient_accumulation_steps - 1
+            with self.ddp_model.no_sync() if dist.world_size > 1 and not last else nullcontext():
                 with autocast(args.bf16, dist.device):
-                    out = forward(**local)
+                    out = self.forward(**local, **self.model_kwargs)
                 share = count_units(local["labels"]) / max(1, n_units)
                 # DDP averages gradients over ranks, hence x world_size
                 (out.loss * share * dist.world_size).backward()
             step_loss += float(out.loss.detach()) * share
-            window["tokens"] += int(local["attention_mask"].sum())
-        step_loss = dist.sum(step_loss)
-        if not math.isfinite(step_loss):
-            raise TrainingError(f"loss is {step_loss} at step {state['step'] + 1}: lower --learning_rate or raise "
-                                "--warmup_steps, or resume from the last checkpoint")
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        decay = (state["step"] - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)
-        if budget_s is not None:
-            decay = max(decay, elapsed() / budget_s)
-        lr = args.learning_rate * lr_factor(state["step"], args.warmup_steps, decay, args.lr_scheduler_type)
-        set_learning_rate(optimizer, lr)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        state["step"] += 1
-        window["loss"] += step_loss
-        window["steps"] += 1
-        progress.update(1)
+            self.window.tokens += int(local["attention_mask"].sum())
+        return dist.sum(step_loss)
 
-        step = state["step"]
+    def update(self, step_loss: float) -> None:
+        """Clip, set the scheduled learning rate, take the optimizer step."""
+        args, state = self.args, self.state
+        if not math.isfinite(step_loss):
+            raise TrainingError(f"loss is {step_loss} at step {state.step + 1}: lower --learning_rate or raise "
+                                "--warmup_steps, or resume from the last checkpoint")
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+        decay = (state.step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)
+        if args.max_train_minutes:
+            decay = max(decay, self.elapsed() / (args.max_train_minutes * 60))
+        self.lr = args.learning_rate * lr_factor(state.step, args.warmup_steps, decay, args.lr_scheduler_type)
+        set_learning_rate(self.optimizer, self.lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        self.window.loss += step_loss
+        self.window.steps += 1
+
+    def log(self, progress: tqdm) -> dict:
+        """One metrics line over the steps since the last one."""
+        window = self.window
+        row = {"step": self.state.step, "loss": window.loss / window.steps, "learning_rate": self.lr,
+               "tokens_per_second": self.dist.sum(window.tokens) / (time.perf_counter() - window.start),
+               "elapsed_seconds": self.elapsed()}
+        progress.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_second']:,.0f}")
+        self.metrics.write(row)
+        self.window = Window()
+        return row
+
+    def evaluate(self) -> bool:
+        """Evaluate, export the model if it is the best so far; True when patience has run out."""
+        evaluation, state = self.evaluation, self.state
+        result = {f"eval_{k}": v for k, v in evaluation.evaluate().items()}
+        self.metrics.write({"step": state.step, **result})
+        state.last_eval_step = state.step
+        if evaluation.metric is None:
+            return False
+        value = result[evaluation.metric]
+        better = state.best is None or (value > state.best if evaluation.greater_is_better else value < state.best)
+        if better:
+            state.best, state.bad_evals, state.best_step = value, 0, state.step
+            self.model.save_pretrained(self.output_dir, tokenizer=self.tokenizer)
+        else:
+            state.bad_evals += 1
+        return evaluation.patience is not None and state.bad_evals >= evaluation.patience
+
+    def save(self) -> None:
+        """checkpoint-N/: the model directory, and beside it what continuing needs."""
+        step_rows = self.args.per_device_train_batch_size * self.dist.world_size * self.args.gradient_accumulation_steps
+        saved = {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "generators": [g.get_state() for g in self.generators],
+                 "loop": {**dataclasses.asdict(self.state), "elapsed": self.elapsed()},
+                 "samples_seen": self.state.step * step_rows}
+        save_checkpoint(self.output_dir, self.state.step, self.model, self.tokenizer, saved,
+                        keep=self.args.save_total_limit)
+
+    def finish(self, last_row: dict, stop_reason: str) -> dict:
+        """Export the final (or best) model, draw the loss curve; the run's summary."""
+        state, evaluation = self.state, self.evaluation
+        final = {"step": state.step, "train_loss": last_row.get("loss"), "stopped_by": stop_reason,
+                 "train_seconds": self.elapsed()}
+        if evaluation is not None and self.dist.is_main and state.last_eval_step != state.step:
+            self.evaluate()  # the final model has not been evaluated yet
+        if self.dist.is_main:
+            evals = [r for r in self.metrics.rows() if any(k.startswith("eval_") for k in r)]
+            if evaluation is None or evaluation.metric is None:
+                self.model.save_pretrained(self.output_dir, tokenizer=self.tokenizer)
+                chosen = evals[-1] if evals else {}
+            else:  # the exported model is the best one: report its numbers
+                chosen = next(r for r in evals if r["step"] == state.best_step)
+                final["best_step"] = state.best_step
+            final.update({k: v for k, v in chosen.items() if k.startswith("eval_")})
+            if self.metrics.path.exists():
+                plot_loss_curve(self.metrics.path, self.output_dir / "loss_curve.png")
+        self.dist.barrier()
+        return final
+
+
+def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, int], dict[str, torch.Tensor]],
+               dist: Distributed, *, evaluation: Evaluation | None = None,
+               generators: tuple[torch.Generator, ...] = (), model_kwargs: dict | None = None) -> dict:
+    """Train `model` and export it to `args.output_dir` (the best evaluated model when `evaluation.metric` is set).
+
+    `make_batch(step, size)` returns the collated global step of `size` rows; `generators` are the random sources
+    of the data side (the collator's), saved in checkpoints so a resumed run draws the same masks; `model_kwargs`
+    go to every training forward (pretraining's `sparse_prediction=True`).
+    """
+    warn_if_slow_bf16(args.bf16, dist.device)
+    run = Run(model, tokenizer, args, dist, evaluation, generators, model_kwargs or {})
+    step_rows = args.per_device_train_batch_size * dist.world_size * args.gradient_accumulation_steps
+    progress = tqdm(total=args.max_steps, initial=run.state.step, desc="training",
+                    disable=not (args.show_progress and dist.is_main))
+    last_row, stop_reason = {}, "max_steps"
+    while run.state.step < args.max_steps:
+        if args.max_train_minutes and run.elapsed() >= args.max_train_minutes * 60:
+            stop_reason = "time budget"
+            break
+        run.update(run.accumulate(make_batch(run.state.step, step_rows)))
+        progress.update(1)
+        step = run.state.step
         if step % args.logging_steps == 0 or step == args.max_steps:
-            last_row = log_window()
+            last_row = run.log(progress)
         stop = False
-        if evaluate is not None and args.eval_steps and step % args.eval_steps == 0 and dist.is_main:
-            stop = run_evaluation()
+        if evaluation is not None and args.eval_steps and step % args.eval_steps == 0 and dist.is_main:
+            stop = run.evaluate()
         if args.save_steps and step % args.save_steps == 0 and dist.is_main:
-            saved = {"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-                     "generators": [g.get_state() for g in generators],
-                     "loop": {**state, "elapsed": elapsed()}, "samples_seen": step * step_rows}
-            save_checkpoint(output_dir, step, model, tokenizer, saved, keep=args.save_total_limit)
+            run.save()
         if dist.world_size > 1:  # every rank learns whether rank 0 stopped early
             stop = dist.sum(float(stop)) > 0
         if stop:
             stop_reason = "early stopping"
             break
-    if window["steps"]:
-        last_row = log_window()
+    if run.window.steps:
+        last_row = run.log(progress)
     progress.close()
-
-    final = {"step": state["step"], "train_loss": last_row.get("loss"), "stopped_by": stop_reason,
-             "train_seconds": elapsed()}
-    if evaluate is not None and dist.is_main and state.get("last_eval_step") != state["step"]:
-        run_evaluation()  # the final model has not been evaluated yet
-    if dist.is_main:
-        evals = [r for r in metrics.rows() if any(k.startswith("eval_") for k in r)]
-        if metric_for_best is None:
-            model.save_pretrained(output_dir, tokenizer=tokenizer)
-            chosen = evals[-1] if evals else {}
-        else:  # the exported model is the best one: report its numbers
-            chosen = next(r for r in evals if r["step"] == state["best_step"])
-            final["best_step"] = state["best_step"]
-        final.update({k: v for k, v in chosen.items() if k.startswith("eval_")})
-        if metrics.path.exists():
-            plot_loss_curve(metrics.path, output_dir / "loss_curve.png")
-    dist.barrier()
-    return final
+    return run.finish(last_row, stop_reason)

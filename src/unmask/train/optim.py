@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from unmask.errors import UsageError
+
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups: weight decay on matrices only, none on biases and LayerNorm (BERT's recipe)."""
@@ -37,7 +39,7 @@ def lr_factor(step: int, warmup_steps: int, decay_progress: float, schedule: str
         return 0.5 * (1.0 + math.cos(math.pi * rest))
     if schedule == "constant":
         return 1.0
-    raise ValueError(f"unknown lr schedule {schedule!r} (linear, cosine, constant)")
+    raise UsageError(f"unknown lr schedule {schedule!r} (linear, cosine, constant)")
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from unmask.objectives.mlm import prediction_rows
+from unmask.models.outputs import prediction_rows
 
 
 def test_rows_keep_every_label_add_only_real_unlabelled_tokens_and_round_the_count():

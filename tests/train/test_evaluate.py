@@ -1,5 +1,5 @@
-"""STS and retrieval evaluation: the metric maths, the file formats, and the real STS-B dev against
-sentence-transformers' own evaluator in the same run."""
+"""Evaluations: `unmask eval mlm` (loss, accuracy, perplexity and token count, with a fixed masking seed); STS and
+retrieval of sentence encoders against sentence-transformers; the `eval sts` / `eval retrieval` commands."""
 
 from __future__ import annotations
 
@@ -11,40 +11,34 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import shared_data
-from unmask.data.sources import DataError
-from unmask.tasks.embed import SentenceEncoder
-from unmask.tasks.embed_eval import (
-    evaluate_sts,
-    exact_search,
-    pearson,
-    rankdata,
-    read_sts,
-    retrieval_metrics,
-    spearman,
-)
+from unmask.config import BertConfig
+from unmask.data.readers import read_sts
+from unmask.errors import DataError
+from unmask.models.bert import BertForMaskedLM
+from unmask.pipelines.embed import SentenceEncoder
+from unmask.train.evaluate import evaluate_sts, exact_search
 
 
-def test_rank_and_correlations():
-    assert rankdata(np.array([10.0, 20.0, 10.0, 30.0])).tolist() == [1.5, 3.0, 1.5, 4.0]
-    x = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
-    assert math.isclose(spearman(x, x ** 3), 1.0) and math.isclose(pearson(x, 2 * x + 1), 1.0)
-    assert math.isclose(spearman(x, -x), -1.0)
-    scipy_stats = pytest.importorskip("scipy.stats")
-    rng = np.random.default_rng(0)
-    a, b = rng.integers(0, 6, 300).astype(float), rng.normal(size=300)  # many ties in a
-    assert math.isclose(spearman(a, b), scipy_stats.spearmanr(a, b).statistic, abs_tol=1e-12)
-    assert math.isclose(pearson(a, b), scipy_stats.pearsonr(a, b).statistic, abs_tol=1e-12)
-
-
-def test_retrieval_metrics_by_hand():
-    relevance = {"q1": {"d1": 1, "d3": 2}, "q2": {"d4": 1}}
-    ranked = [["d2", "d3", "d1"], ["d1", "d2", "d3"]]
-    m = retrieval_metrics(ranked, ["q1", "q2"], relevance)
-    ndcg_q1 = (2 / math.log2(3) + 1 / math.log2(4)) / (2 + 1 / math.log2(3))
-    assert math.isclose(m["ndcg@10"], ndcg_q1 / 2) and math.isclose(m["mrr@10"], 0.25)
-    assert math.isclose(m["recall@100"], 0.5) and m["queries"] == 2
+def test_eval_mlm_json(tmp_path, tokenizer, corpus_file):
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64)
+    BertForMaskedLM(config).save_pretrained(tmp_path / "model", tokenizer=tokenizer)
+    cmd = [sys.executable, "-m", "unmask.cli", "eval", "mlm", "--model", str(tmp_path / "model"), "--file",
+           str(corpus_file), "--json"]
+    env = {"UNMASK_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert first.returncode == 0, first.stderr
+    result = json.loads(first.stdout)
+    assert set(result) == {"loss", "accuracy", "perplexity", "tokens"}
+    assert abs(result["loss"] - math.log(tokenizer.vocab_size)) < 0.5  # an untrained model guesses uniformly
+    assert math.isclose(result["perplexity"], math.exp(result["loss"]), rel_tol=1e-9)
+    assert 0 <= result["accuracy"] < 0.05 and result["tokens"] > 500
+    again = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout)
+    assert again == result  # fixed masking seed: comparable across runs and models
 
 
 def test_exact_search_batches():

@@ -11,12 +11,22 @@ import pytest
 import torch
 
 from unmask.config import BertConfig
-from unmask.data.sources import DataError
-from unmask.hub import load_tokenizer
-from unmask.models.bert import BertForSequenceClassification, BertForTokenClassification, BertModel
-from unmask.tasks.classify import _truncate, build_label_map, encode_texts
-from unmask.tasks.finetune import FinetuneArgs, finetune
-from unmask.tasks.tag import align, predict_entities, tag_label_map
+from unmask.data.labelled import (
+    _truncate,
+    align,
+    build_label_map,
+    encode_texts,
+    tag_label_map,
+)
+from unmask.errors import DataError
+from unmask.models.bert import (
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+from unmask.pipelines.tag import predict_entities
+from unmask.tokenizer import load_tokenizer
+from unmask.train.finetune import FinetuneArgs, finetune
 
 transformers = pytest.importorskip("transformers")
 
@@ -89,7 +99,7 @@ def check_long_input_classification(model, out, text):
     """A text past the 64-position context: windows whose logits are averaged (chunk), a warning (truncate), or a
     clear error."""
     from unmask.data.windows import make_windows
-    from unmask.tasks.predict import predict_classify
+    from unmask.pipelines.classify import predict_classify
 
     tokenizer = load_tokenizer(out)
     long_text = " ".join([text] * 8)
@@ -271,8 +281,9 @@ def test_pair_regression_on_sts_format(tmp_path, encoder_dir):
 
 
 def test_embed_cosent_improves_sts(tmp_path, encoder_dir):
-    from unmask.tasks.embed import SentenceEncoder
-    from unmask.tasks.embed_eval import evaluate_sts, read_sts
+    from unmask.data.readers import read_sts
+    from unmask.pipelines.embed import SentenceEncoder
+    from unmask.train.evaluate import evaluate_sts
 
     train = write_sts(tmp_path / "sts-train.csv", sts_rows(300, 2))
     valid = write_sts(tmp_path / "sts-dev.csv", sts_rows(80, 3))

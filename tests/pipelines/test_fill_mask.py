@@ -11,7 +11,7 @@ import torch
 
 from unmask.config import BertConfig
 from unmask.models.bert import BertForMaskedLM
-from unmask.serve.fill_mask import fill_mask
+from unmask.pipelines.fill_mask import fill_mask
 
 transformers = pytest.importorskip("transformers")
 
@@ -46,7 +46,7 @@ def test_matches_the_transformers_pipeline(model_dir, tokenizer):
     batch = fill_mask(model, tokenizer, [one, two, one], top_k=4, batch_size=2)
     _same(batch[0], pipe(one))
     _same(batch[2], pipe(one))
-    # 33 masks in one batch: the model rounds its rows up to 34 (objectives.mlm.prediction_rows); the extra row
+    # 33 masks in one batch: the model rounds its rows up to 34 (models.outputs.prediction_rows); the extra row
     # must not shift the answers
     many = fill_mask(model, tokenizer, [one] + [two] * 16, top_k=4, batch_size=17)
     _same(many[0], pipe(one))

@@ -14,9 +14,10 @@ import torch
 
 from conftest import make_corpus
 from unmask.config import BertConfig
-from unmask.hub import CheckpointError
+from unmask.data.windows import make_windows
+from unmask.errors import CheckpointError
 from unmask.models.bert import BertModel
-from unmask.tasks.embed import SentenceEncoder, pool
+from unmask.pipelines.embed import SentenceEncoder, pool
 
 st = pytest.importorskip("sentence_transformers")
 
@@ -63,7 +64,7 @@ def test_long_inputs_are_the_mean_of_their_windows(minilm_dir):
     encoder = SentenceEncoder.from_pretrained(minilm_dir, max_seq_length=32)
     text = " ".join(make_corpus(8, seed=3))  # ~100 tokens
     short = "the sailor painted the lighthouse"
-    windows = encoder.windows([text], stride=8)
+    windows = make_windows([(e.ids, e.type_ids) for e in encoder.tokenize([text])], 32, stride=8)
     assert len(windows) >= 3 and all(len(ids) <= 32 for ids in windows.input_ids)
     # each window embedded on its own (mean pooling, unnormalised), then averaged and normalised
     with torch.no_grad():

@@ -9,20 +9,21 @@ directory; `save_pretrained` writes both at once, so `SentenceTransformer(dir)` 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tokenizers import Encoding
 
-from unmask.data.collate import pad_batch
-from unmask.data.windows import Windows, make_windows, mean_by_owner
-from unmask.hub import CheckpointError, atomic_write_text, load_tokenizer, load_weights, read_config, read_weights
+from unmask.data.windows import make_windows, mean_by_owner
+from unmask.errors import CheckpointError, UsageError
+from unmask.hub import load_weights, read_config, read_weights
+from unmask.io import atomic_write_text
 from unmask.models import for_inference, model_class
 from unmask.models.bert import BertModel
-from unmask.objectives.contrastive import cosent_loss, in_batch_negatives_loss
+from unmask.pipelines.batching import check_texts, run_batches
+from unmask.tokenizer import load_tokenizer
 
 POOLING_MODES = ("mean", "cls", "max")
 _POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
@@ -39,7 +40,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch
         return hidden[:, 0]
     if mode == "max":
         return hidden.masked_fill(mask == 0, -1e9).max(1).values
-    raise ValueError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
+    raise UsageError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
 
 
 def _read_json(path: Path) -> dict | list:
@@ -91,7 +92,7 @@ class SentenceEncoder:
     def __init__(self, model, tokenizer, pooling: str = "mean", normalize: bool = False,
                  max_seq_length: int | None = None):
         if pooling not in POOLING_MODES:
-            raise ValueError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
+            raise UsageError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
         if tokenizer.vocab_size > model.config.vocab_size:
             raise CheckpointError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding has "
                                   f"{model.config.vocab_size} rows: they do not belong together")
@@ -104,15 +105,16 @@ class SentenceEncoder:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, pooling: str | None = None, normalize: bool | None = None,
-                        max_seq_length: int | None = None, int8: bool = False,
-                        bf16: bool = False) -> "SentenceEncoder":
+                        max_seq_length: int | None = None, int8: bool = False, bf16: bool = False,
+                        config=None) -> "SentenceEncoder":
         """A sentence-transformers directory or a bare HF encoder directory (mean pooling unless told);
-        `int8` / `bf16`: for faster inference (models.for_inference); vectors come back float32 either way."""
+        `int8` / `bf16`: for faster inference (models.for_inference); vectors come back float32 either way;
+        `config`: the directory's config when the caller has read it already."""
         path = Path(path)
         if not path.is_dir():
             raise CheckpointError(f"{path}: model directory not found")
         layout = read_sentence_transformers_layout(path)
-        config = read_config(path)
+        config = config if config is not None else read_config(path)
         state = read_weights(path)
         stream = torch.random.get_rng_state()  # as models.from_pretrained: loading draws nothing from it
         if config.model_type == "bert":  # keep the pooler only when the checkpoint has one (embeddings ignore it)
@@ -133,19 +135,9 @@ class SentenceEncoder:
     def dimension(self) -> int:
         return self.model.config.hidden_size
 
-    def windows(self, sentences: Sequence[str], truncation: str = "chunk", stride: int | None = None) -> Windows:
-        """Model inputs of at most max_seq_length tokens (see data/windows.py for the three truncation modes)."""
-        if isinstance(sentences, str):
-            raise TypeError("encode takes a list of sentences; wrap a single one in a list")
-        for i, s in enumerate(sentences):
-            if not isinstance(s, str):
-                raise TypeError(f"sentence {i} is {type(s).__name__}, not text")
-            if not s.strip():
-                raise ValueError(f"sentence {i} is empty")
-        encodings = [(e.ids, e.type_ids) for e in self.tokenizer.encode_batch(list(sentences))]
-        return make_windows(encodings, self.max_seq_length, truncation, stride)
+    def tokenize(self, sentences: Sequence[str]) -> list[Encoding]:
+        return self.tokenizer.encode_batch(check_texts(sentences, "sentence"))
 
-    @torch.inference_mode()
     def encode(self, sentences: Sequence[str], batch_size: int = 32, normalize: bool | None = None,
                show_progress: bool | None = None, truncation: str = "chunk", stride: int | None = None) -> np.ndarray:
         """(N, H) float32 embeddings, in input order. Batches are formed by token length, so little is padded.
@@ -153,30 +145,25 @@ class SentenceEncoder:
         A sentence longer than max_seq_length is embedded as the mean of its windows' vectors (`truncation="chunk"`),
         cut to its first window with a warning ("truncate", what sentence-transformers does silently), or refused
         ("error")."""
-        windows = self.windows(sentences, truncation, stride)
-        ids = windows.input_ids
-        was_training = self.model.training
-        self.model.eval()  # no dropout, even mid-fine-tuning (the evaluation of each epoch calls this)
-        try:
-            vectors = self._encode_windows(ids, batch_size, show_progress)
-        finally:
-            self.model.train(was_training)
-        if len(ids) > len(sentences):  # some sentences were read in several windows
-            vectors = mean_by_owner(vectors, windows.owner, len(sentences))
+        return self.encode_tokens(self.tokenize(sentences), batch_size, normalize, show_progress, truncation, stride)
+
+    def encode_tokens(self, encodings: Sequence[Encoding], batch_size: int = 32, normalize: bool | None = None,
+                      show_progress: bool | None = None, truncation: str = "chunk",
+                      stride: int | None = None) -> np.ndarray:
+        """`encode` for texts tokenized already (`tokenize`, or the server's encodings)."""
+        windows = make_windows([(e.ids, e.type_ids) for e in encodings], self.max_seq_length, truncation, stride)
+
+        def forward(input_ids, attention_mask, token_type_ids):
+            hidden = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
+            return pool(hidden, attention_mask, self.pooling).float().cpu().numpy()  # (B, H)
+
+        show = len(windows) > 1000 if show_progress is None else show_progress
+        vectors = np.stack(run_batches(self.model, windows.input_ids, forward, self.tokenizer.pad_token_id,
+                                       batch_size, show_progress=show))
+        if len(windows) > len(encodings):  # some sentences were read in several windows
+            vectors = mean_by_owner(vectors, windows.owner, len(encodings))
         if self.normalize if normalize is None else normalize:
             vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return vectors
-
-    def _encode_windows(self, ids: list[list[int]], batch_size: int, show_progress: bool | None) -> np.ndarray:
-        """(N, H) pooled vectors of token-id sequences, batched by length."""
-        order = np.argsort([-len(seq) for seq in ids], kind="stable")  # longest first: memory peaks at once
-        vectors = np.empty((len(ids), self.dimension), dtype=np.float32)
-        show = len(ids) > 1000 if show_progress is None else show_progress
-        for start in tqdm(range(0, len(ids), batch_size), desc="encoding", unit="batch", disable=not show):
-            rows = order[start : start + batch_size]
-            input_ids, attention_mask = pad_batch([ids[i] for i in rows], self.tokenizer.pad_token_id)
-            hidden = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
-            vectors[rows] = pool(hidden, attention_mask, self.pooling).float().numpy()
         return vectors
 
     def save_pretrained(self, output_dir: str | Path) -> Path:
@@ -200,54 +187,3 @@ class SentenceEncoder:
         atomic_write_text(output_dir / "config_sentence_transformers.json",
                           json.dumps({"similarity_fn_name": "cosine"}, indent=2) + "\n")
         return output_dir
-
-
-@dataclass
-class PairData:
-    """Text pairs for bi-encoder training; `scores` set means CoSENT (ordered by score), else in-batch negatives."""
-
-    a: list[list[int]]
-    b: list[list[int]]
-    scores: list[float] | None
-
-    def __len__(self) -> int:
-        return len(self.a)
-
-    def collate(self, indices, pad_token_id: int) -> dict[str, torch.Tensor]:
-        input_ids, attention_mask = pad_batch([self.a[i] for i in indices], pad_token_id)
-        input_ids_b, attention_mask_b = pad_batch([self.b[i] for i in indices], pad_token_id)
-        if self.scores is not None:
-            labels = torch.tensor([self.scores[i] for i in indices], dtype=torch.float32)
-        else:  # a_i's positive is b_i
-            labels = torch.arange(len(indices))
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "input_ids_b": input_ids_b,
-                "attention_mask_b": attention_mask_b, "labels": labels}
-
-
-@dataclass
-class _LossOutput:
-    loss: torch.Tensor
-
-
-class BiEncoder(torch.nn.Module):
-    """The training view of a SentenceEncoder: two batches of texts in, a contrastive loss out."""
-
-    base_model_prefix = "bert"
-
-    def __init__(self, encoder: SentenceEncoder):
-        super().__init__()
-        self.encoder = encoder
-        self.bert = encoder.model  # registered here, so optimiser, DDP and checkpoints see the encoder's weights
-        self.config = encoder.model.config
-
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return pool(self.bert(input_ids, attention_mask).last_hidden_state, attention_mask, self.encoder.pooling)
-
-    def forward(self, input_ids, attention_mask, input_ids_b, attention_mask_b, labels) -> _LossOutput:
-        a, b = self.embed(input_ids, attention_mask), self.embed(input_ids_b, attention_mask_b)  # (B, H) each
-        if labels.is_floating_point():
-            return _LossOutput(cosent_loss(a, b, labels))
-        return _LossOutput(in_batch_negatives_loss(a, b))
-
-    def save_pretrained(self, output_dir, tokenizer=None) -> Path:
-        return self.encoder.save_pretrained(output_dir)

@@ -1,0 +1,263 @@
+"""Labelled examples for fine-tuning and evaluation: tokenized, aligned, with label ids.
+
+- classification and pairs: one text (`[CLS] a [SEP]`) or a pair (`[CLS] a [SEP] b [SEP]`, token types 0 then 1),
+  a label from a fixed set or a number (regression, e.g. STS-B scores); pairs longer than the limit lose tokens
+  from the longer side first, as `transformers` truncates them;
+- tagging: a word's label goes on its first piece; its other pieces and the special tokens get -100, so the loss
+  and the metric see one decision per word (BERT's recipe);
+- bi-encoder pairs: two texts, with a score (CoSENT) or without (in-batch negatives).
+
+`LabelledFormat` says how a file is read: the `finetune` and `eval` flags of the same names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from unmask.data.collate import pad_batch
+from unmask.data.readers import column, is_sts_release, read_conll, read_sts, read_table
+from unmask.errors import DataError
+from unmask.models.outputs import IGNORE_INDEX
+
+
+@dataclass
+class LabelledFormat:
+    """How to read a labelled file for `task` (classify, pair, tag, embed)."""
+
+    task: str
+    text_column: str = "sentence"
+    text_pair_column: str | None = None  # pair / embed: the second text ("sentence2" when not given)
+    label_column: str = "label"
+    regression: bool = False  # predict a number (num_labels = 1, MSE)
+    label_scale: float = 1.0  # regression targets are divided by this (STS-B: 5)
+    max_seq_length: int = 128
+
+
+@dataclass
+class ClassificationData:
+    """Tokenized examples with their label ids (or float targets for regression)."""
+
+    input_ids: list[list[int]]
+    token_type_ids: list[list[int]]
+    labels: list  # int ids, or floats for regression
+    truncated: int = 0
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def collate(self, indices, pad_token_id: int) -> dict[str, torch.Tensor]:
+        input_ids, attention_mask = pad_batch([self.input_ids[i] for i in indices], pad_token_id)
+        token_type_ids, _ = pad_batch([self.token_type_ids[i] for i in indices], 0)
+        dtype = torch.float32 if isinstance(self.labels[0], float) else torch.long
+        labels = torch.tensor([self.labels[i] for i in indices], dtype=dtype)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
+                "labels": labels}
+
+
+def encode_texts(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int):
+    """Token ids and types; pairs longer than max_length lose tokens from the longer side first (HF's rule)."""
+    inputs = list(zip(texts, pairs)) if pairs is not None else texts
+    encodings = tokenizer.encode_batch(inputs)
+    ids, types, truncated = [], [], 0
+    for enc in encodings:
+        seq, typ = enc.ids, enc.type_ids
+        if len(seq) > max_length:
+            truncated += 1
+            seq, typ = _truncate(seq, typ, max_length)
+        ids.append(seq)
+        types.append(typ)
+    return ids, types, truncated
+
+
+def _truncate(ids: list[int], types: list[int], max_length: int) -> tuple[list[int], list[int]]:
+    """Drop tokens before each segment's closing [SEP] so that the whole fits `max_length` (HF's longest_first)."""
+    if not any(types):  # one segment: keep [CLS] ... and the final [SEP]
+        return ids[: max_length - 1] + ids[-1:], types[:max_length]
+    split = types.index(1)
+    a, b = ids[1 : split - 1], ids[split:-1]
+    keep_a, keep_b = _longest_first(len(a), len(b), max_length - 3)
+    new = [ids[0], *a[:keep_a], ids[split - 1], *b[:keep_b], ids[-1]]
+    return new, [0] * (keep_a + 2) + [1] * (keep_b + 1)
+
+
+def _longest_first(n_a: int, n_b: int, budget: int) -> tuple[int, int]:
+    """How many tokens of each segment to keep: the shorter one whole if the longer can absorb the cut, else the
+    budget split in halves with the odd token to the originally longer segment (the `tokenizers` rule, so that our
+    pairs are token-for-token those of `AutoTokenizer(a, b, truncation=True)`)."""
+    if n_a + n_b <= budget:
+        return n_a, n_b
+    short, long = sorted((n_a, n_b))
+    long = short if short > budget else max(short, budget - short)
+    if short + long > budget:
+        short, long = budget // 2, budget - budget // 2
+    return (long, short) if n_a > n_b else (short, long)
+
+
+def label_ids(values: list, label2id: dict[str, int], path) -> list[int]:
+    out = []
+    for n, value in enumerate(values, start=1):
+        key = str(value).strip()
+        if key not in label2id:
+            raise DataError(f"{path}: row {n} has label {key!r}, which the model does not know "
+                            f"(labels: {', '.join(label2id)})")
+        out.append(label2id[key])
+    return out
+
+
+def build_label_map(values: list) -> dict[str, int]:
+    """Labels in a stable order: numerically when they are all numbers ("0", "1"), else alphabetically."""
+    names = sorted({str(v).strip() for v in values})
+    try:
+        names.sort(key=float)
+    except ValueError:
+        pass
+    return {name: i for i, name in enumerate(names)}
+
+
+def load_examples(path, tokenizer, text_column: str, label_column: str, text_pair_column: str | None,
+                  max_length: int, label2id: dict[str, int] | None) -> ClassificationData:
+    """Read a file; `label2id=None` means regression (float targets)."""
+    rows = read_table(path)
+    texts = [str(t) for t in column(rows, text_column, path)]
+    pairs = [str(t) for t in column(rows, text_pair_column, path)] if text_pair_column else None
+    raw = column(rows, label_column, path)
+    if label2id is None:
+        try:
+            labels = [float(v) for v in raw]
+        except ValueError as e:
+            raise DataError(f"{path}: column {label_column!r} must hold numbers for regression ({e})") from e
+    else:
+        labels = label_ids(raw, label2id, path)
+    ids, types, truncated = encode_texts(tokenizer, texts, pairs, max_length)
+    return ClassificationData(ids, types, labels, truncated)
+
+
+@dataclass
+class TaggingData:
+    input_ids: list[list[int]]
+    labels: list[list[int]]  # label id on each word's first piece, -100 elsewhere
+    first_piece: list[list[int]]  # per sentence: the piece index of each word (-1 if cut off by max_length)
+    tags: list[list[str]]  # gold tags per word
+    truncated: int = 0
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def collate(self, indices, pad_token_id: int) -> dict[str, torch.Tensor]:
+        input_ids, attention_mask = pad_batch([self.input_ids[i] for i in indices], pad_token_id)
+        labels, _ = pad_batch([self.labels[i] for i in indices], IGNORE_INDEX)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def align(tokenizer, sentences: list[list[str]], tags: list[list[str]], label2id: dict[str, int],
+          max_length: int, path="data") -> TaggingData:
+    """Tokenize pre-split words; put each word's label on its first piece."""
+    encodings = tokenizer.encode_batch(sentences, is_pretokenized=True)
+    all_ids, all_labels, all_first, truncated = [], [], [], 0
+    for n, (enc, sentence_tags) in enumerate(zip(encodings, tags), start=1):
+        ids = enc.ids
+        if len(ids) > max_length:  # keep [CLS] ... [SEP]; words past the cut get no prediction (counted)
+            truncated += 1
+            ids = ids[: max_length - 1] + ids[-1:]
+        labels = [IGNORE_INDEX] * len(ids)
+        first = [-1] * len(sentence_tags)
+        previous = None
+        for position, word in enumerate(enc.word_ids[: len(ids) - 1]):
+            if word is not None and word != previous:
+                tag = sentence_tags[word]
+                if tag not in label2id:
+                    raise DataError(f"{path}: sentence {n} has tag {tag!r}, which the model does not know "
+                                    f"(tags: {', '.join(label2id)})")
+                labels[position] = label2id[tag]
+                first[word] = position
+            previous = word
+        all_ids.append(ids)
+        all_labels.append(labels)
+        all_first.append(first)
+    return TaggingData(all_ids, all_labels, all_first, tags, truncated)
+
+
+def tag_label_map(tags: list[list[str]]) -> dict[str, int]:
+    """O first, then the entity tags grouped by type (B- before I-)."""
+    names = sorted({t for sentence in tags for t in sentence} - {"O"}, key=lambda t: (t[2:], t[:2]))
+    return {name: i for i, name in enumerate(["O", *names])}
+
+
+@dataclass
+class PairData:
+    """Text pairs for bi-encoder training; `scores` set means CoSENT (ordered by score), else in-batch negatives."""
+
+    a: list[list[int]]
+    b: list[list[int]]
+    scores: list[float] | None
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def collate(self, indices, pad_token_id: int) -> dict[str, torch.Tensor]:
+        input_ids, attention_mask = pad_batch([self.a[i] for i in indices], pad_token_id)
+        input_ids_b, attention_mask_b = pad_batch([self.b[i] for i in indices], pad_token_id)
+        if self.scores is not None:
+            labels = torch.tensor([self.scores[i] for i in indices], dtype=torch.float32)
+        else:  # a_i's positive is b_i
+            labels = torch.arange(len(indices))
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "input_ids_b": input_ids_b,
+                "attention_mask_b": attention_mask_b, "labels": labels}
+
+
+def load_task_data(spec: LabelledFormat, tokenizer, path: str, label2id: dict | None):
+    """Examples of one file for the task; `label2id` None on the training file builds it (or means regression)."""
+    if spec.task == "tag":
+        sentences, tags = read_conll(path)
+        label2id = label2id or tag_label_map(tags)
+        return align(tokenizer, sentences, tags, label2id, spec.max_seq_length, path), label2id
+    text_column, pair_column = spec.text_column, spec.text_pair_column
+    if spec.task == "pair":
+        pair_column = pair_column or "sentence2"
+        if is_sts_release(path):
+            first, second, scores = read_sts(path)
+            rows = [{"sentence1": a, "sentence2": b, "label": s} for a, b, s in zip(first, second, scores)]
+            data = _from_rows(spec, tokenizer, rows, path, "sentence1", "sentence2", label2id)
+            return data, label2id
+        if text_column == "sentence":
+            text_column = "sentence1"
+    if not spec.regression and label2id is None:
+        label2id = build_label_map(column(read_table(path), spec.label_column, path))
+        if len(label2id) < 2:
+            raise DataError(f"{path}: column {spec.label_column!r} has a single label; nothing to learn")
+    data = load_examples(path, tokenizer, text_column, spec.label_column, pair_column, spec.max_seq_length,
+                         None if spec.regression else label2id)
+    if spec.regression and spec.label_scale != 1.0:
+        data.labels = [v / spec.label_scale for v in data.labels]
+    return data, label2id
+
+
+def _from_rows(spec, tokenizer, rows, path, first, second, label2id):
+    ids, types, truncated = encode_texts(tokenizer, [r[first] for r in rows], [r[second] for r in rows],
+                                         spec.max_seq_length)
+    if label2id is None:  # regression on the score
+        labels = [float(r["label"]) / spec.label_scale for r in rows]
+    else:
+        labels = [label2id[str(r["label"])] for r in rows]
+    return ClassificationData(ids, types, labels, truncated)
+
+
+def load_pairs(spec: LabelledFormat, tokenizer, path: str):
+    """Bi-encoder pairs: the STS Benchmark release, or a table with two text columns (and optional scores)."""
+    if is_sts_release(path):
+        first, second, scores = read_sts(path)
+        scores = scores.tolist()
+    else:
+        rows = read_table(path)
+        text_column = "sentence1" if spec.text_column == "sentence" else spec.text_column
+        first = [str(v) for v in column(rows, text_column, path)]
+        second = [str(v) for v in column(rows, spec.text_pair_column or "sentence2", path)]
+        scores = [float(v) for v in column(rows, spec.label_column, path)] if spec.label_column in rows[0] else None
+
+    def ids(texts):
+        return [e.ids if len(e.ids) <= spec.max_seq_length else e.ids[: spec.max_seq_length - 1] + e.ids[-1:]
+                for e in tokenizer.encode_batch(texts)]
+
+    return PairData(ids(first), ids(second), scores)

@@ -1,0 +1,189 @@
+"""Readers for labelled and evaluation files; each names the file and line of what it cannot read.
+
+- tables: TSV (header), CSV (header) or JSONL, as rows of column -> value (`read_table`, `column`);
+- CoNLL column files: token first, tag last, `-DOCSTART-` and blank lines between sentences (`read_conll`);
+- STS: the STS Benchmark release (tab-separated genre, file, year, id, score, sentence1, sentence2; no header), or
+  any TSV with a header / JSONL with named columns (`read_sts`);
+- BEIR retrieval sets: `corpus.jsonl` (`_id`, `title`, `text`), `queries.jsonl` (`_id`, `text`), and a qrels TSV
+  (`query-id`, `corpus-id`, `score`, with a header) (`read_beir`);
+- sentence files: one sentence per line (`read_sentences`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+from unmask.data.sources import read_text
+from unmask.errors import DataError
+
+
+def read_table(path: str | Path) -> list[dict[str, str]]:
+    """Rows of a TSV / CSV (with a header) or JSONL file, as dicts of column -> value."""
+    path = Path(path)
+    text = read_text(path)
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    if name.endswith((".jsonl", ".json")):
+        rows = []
+        for n, line in enumerate(text.split("\n"), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{n}: not JSON ({e.msg})") from e
+    else:
+        delimiter = "," if name.endswith(".csv") else "\t"
+        # QUOTE_NONE for TSV: SST-2 sentences contain bare quotes
+        quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
+        rows = list(csv.DictReader(text.splitlines(), delimiter=delimiter, quoting=quoting))
+    if not rows:
+        raise DataError(f"{path}: no examples")
+    return rows
+
+
+def column(rows: list[dict], name: str, path) -> list:
+    if name not in rows[0]:
+        raise DataError(f"{path}: no column {name!r} (columns: {', '.join(map(str, rows[0]))})")
+    values = [row.get(name) for row in rows]
+    missing = next((i for i, v in enumerate(values) if v is None or (isinstance(v, str) and not v.strip())), None)
+    if missing is not None:
+        raise DataError(f"{path}: row {missing + 1} has no value in column {name!r}")
+    return values
+
+
+def read_conll(path: str | Path) -> tuple[list[list[str]], list[list[str]]]:
+    """Sentences of (words, tags) from a CoNLL column file: token first, tag last; -DOCSTART- and blank lines split."""
+    path = Path(path)
+    sentences, tags = [], []
+    words, labels = [], []
+    for n, line in enumerate(read_text(path).split("\n"), start=1):
+        parts = line.split()
+        if not parts or parts[0] == "-DOCSTART-":
+            if words:
+                sentences.append(words)
+                tags.append(labels)
+                words, labels = [], []
+            continue
+        if len(parts) < 2:
+            raise DataError(f"{path}:{n}: expected a token and a tag, got {line!r}")
+        words.append(parts[0])
+        labels.append(parts[-1])
+    if words:
+        sentences.append(words)
+        tags.append(labels)
+    if not sentences:
+        raise DataError(f"{path}: no sentences")
+    return sentences, tags
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8-sig").splitlines()
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: no such file") from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not valid UTF-8 (byte {e.start})") from e
+
+
+def read_sts(path: str | Path, sentence1_column: str | None = None, sentence2_column: str | None = None,
+             score_column: str | None = None) -> tuple[list[str], list[str], np.ndarray]:
+    """Pairs and gold scores. Without column names the file is read as the STS Benchmark release."""
+    path = Path(path)
+    lines = [line for line in _read_lines(path) if line.strip()]
+    if not lines:
+        raise DataError(f"{path}: empty file")
+    first, second, scores = [], [], []
+    if sentence1_column is None:  # STS Benchmark: genre, file, year, id, score, s1, s2 [, sources]
+        for n, line in enumerate(lines, start=1):
+            parts = line.split("\t")
+            if len(parts) < 7:
+                raise DataError(f"{path}:{n}: expected 7 tab-separated fields (STS Benchmark format), got "
+                                f"{len(parts)}; for other files pass --sentence1_column/--sentence2_column/"
+                                "--score_column")
+            try:
+                scores.append(float(parts[4]))
+            except ValueError as e:
+                raise DataError(f"{path}:{n}: score {parts[4]!r} is not a number") from e
+            first.append(parts[5])
+            second.append(parts[6])
+        return first, second, np.asarray(scores)
+    columns = (sentence1_column, sentence2_column or "sentence2", score_column or "score")
+    if path.name.endswith((".jsonl", ".json")):
+        records = []
+        for n, line in enumerate(lines, start=1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not JSON ({e.msg})") from e
+    else:
+        header = lines[0].split("\t")
+        records = [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+    for n, record in enumerate(records, start=1):
+        missing = [c for c in columns if c not in record]
+        if missing:
+            raise DataError(f"{path}: record {n} has no column {missing[0]!r} (found {sorted(record)})")
+        first.append(str(record[columns[0]]))
+        second.append(str(record[columns[1]]))
+        scores.append(float(record[columns[2]]))
+    return first, second, np.asarray(scores)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    records = []
+    for n, line in enumerate(_read_lines(path), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not JSON ({e.msg})") from e
+    return records
+
+
+def read_beir(corpus: str | Path, queries: str | Path, qrels: str | Path):
+    """(doc ids, doc texts, query ids, query texts, {query: {doc: relevance}}) for the queries that have qrels."""
+    docs = _read_jsonl(Path(corpus))
+    doc_ids = [str(d["_id"]) for d in docs]
+    doc_texts = [(d.get("title", "") + " " + d.get("text", "")).strip() for d in docs]
+    relevance: dict[str, dict[str, int]] = {}
+    lines = _read_lines(Path(qrels))
+    for n, line in enumerate(lines, start=1):
+        parts = line.strip().split("\t")
+        if n == 1 and not parts[-1].lstrip("-").isdigit():
+            continue  # header
+        if len(parts) < 3:
+            raise DataError(f"{qrels}:{n}: expected query-id, corpus-id, score")
+        relevance.setdefault(parts[0], {})[parts[1]] = int(parts[2])
+    known = set(doc_ids)
+    unknown = {d for rel in relevance.values() for d in rel} - known
+    if unknown:
+        raise DataError(f"{qrels}: {len(unknown)} judged document(s) are not in {corpus} (e.g. {sorted(unknown)[0]})")
+    queries_list = [q for q in _read_jsonl(Path(queries)) if str(q["_id"]) in relevance]
+    if not queries_list:
+        raise DataError(f"{queries}: no query has a judgement in {qrels}")
+    return doc_ids, doc_texts, [str(q["_id"]) for q in queries_list], [q["text"] for q in queries_list], relevance
+
+
+def is_sts_release(path: str) -> bool:
+    """The STS Benchmark release: no header, tab-separated, the score in the fifth field."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        fields = f.readline().rstrip("\n").split("\t")
+    try:
+        float(fields[4])
+        return len(fields) >= 7
+    except (IndexError, ValueError):
+        return False
+
+
+def read_sentences(path: str) -> list[str]:
+    lines = read_text(path).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise DataError(f"{path}: no sentences (one per line expected)")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise DataError(f"{path}:{number}: empty line; every line is a sentence and gets a vector")
+    return lines

@@ -1,0 +1,81 @@
+"""Sequence classification, pair scoring and reranking, shaped like the HF pipeline and TEI: per input, labels with
+scores, best first (`[{label, score}]`); per query, documents by relevance (`[{index, score}]`, best first).
+
+A one-label model scores one number per input: a regression (an STS cross-encoder) or a relevance logit. Its score
+is the raw logit for classification, and for reranking the sigmoid of it (as sentence-transformers' CrossEncoder and
+TEI's /rerank), unless raw scores are asked for. Inputs longer than the context are read in overlapping windows by
+default (`truncation`, see data/windows.py), their logits averaged.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from tokenizers import Encoding
+
+from unmask.data.windows import make_windows, mean_by_owner
+from unmask.pipelines.batching import check_texts, run_batches
+
+
+def logits_of(model, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]] | None,
+              pad_token_id: int, batch_size: int = 64) -> np.ndarray:
+    """(N, num_labels) float32 logits of sequences that fit the context, in input order."""
+    def forward(ids, attention_mask, types):
+        return model(ids, attention_mask, types).logits.float().cpu().numpy()
+
+    return np.stack(run_batches(model, input_ids, forward, pad_token_id, batch_size, token_type_ids))
+
+
+def window_logits(model, encodings: Sequence[Encoding], pad_token_id: int, truncation: str = "chunk",
+                  stride: int | None = None, batch_size: int = 32) -> np.ndarray:
+    """(inputs, labels) logits of tokenized inputs; one longer than the context is read in windows, logits averaged."""
+    windows = make_windows([(e.ids, e.type_ids) for e in encodings], model.config.max_position_embeddings,
+                           truncation, stride)
+    logits = logits_of(model, windows.input_ids, windows.token_type_ids, pad_token_id, batch_size)
+    return mean_by_owner(logits, windows.owner, len(encodings))
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def label_scores(logits: np.ndarray, id2label: dict[int, str], raw_scores: bool = False,
+                 top_k: int | None = None) -> list[list[dict]]:
+    """Per input, `{label, score}` best first (the `top_k` best): probabilities, or the logits when `raw_scores` or
+    when the model has one output (a regression or relevance score)."""
+    scores = logits if raw_scores or logits.shape[1] == 1 else softmax(logits)
+    k = logits.shape[1] if top_k is None else min(top_k, logits.shape[1])
+    return [[{"label": id2label.get(int(j), str(j)), "score": float(row[j])} for j in np.argsort(-row, kind="stable")[:k]]
+            for row in scores]
+
+
+def relevance(logits: np.ndarray, raw_scores: bool = False) -> np.ndarray:
+    """(pairs,) relevance of a cross-encoder's logits: the sigmoid of a one-label model's logit, or the probability
+    of the last class ("relevant") of a classifier; the logit itself with `raw_scores`."""
+    if logits.shape[1] == 1:
+        return logits[:, 0] if raw_scores else 1 / (1 + np.exp(-logits[:, 0]))
+    return logits[:, -1] if raw_scores else softmax(logits)[:, -1]
+
+
+def ranked(scores: np.ndarray) -> list[dict]:
+    """`[{index, score}]`, best first."""
+    return [{"index": int(i), "score": float(scores[i])} for i in np.argsort(-scores, kind="stable")]
+
+
+def predict_classify(model, tokenizer, texts: Sequence[str], top_k: int = 1, truncation: str = "chunk",
+                     stride: int | None = None, raw_scores: bool = False) -> list[list[dict]]:
+    """Per text (or (text, text) pair), the `top_k` labels with their probabilities (a one-label model: its score)."""
+    encodings = tokenizer.encode_batch(check_texts(texts))
+    logits = window_logits(model, encodings, tokenizer.pad_token_id, truncation, stride)
+    return label_scores(logits, model.config.id2label or {}, raw_scores, top_k)
+
+
+def predict_rerank(model, tokenizer, query: str, documents: Sequence[str], truncation: str = "chunk",
+                   stride: int | None = None, raw_scores: bool = False) -> list[dict]:
+    """Score every (query, document) pair with a cross-encoder; best first. A long document is read in windows
+    (the query in each), their logits averaged."""
+    encodings = tokenizer.encode_batch(check_texts([(query, d) for d in documents]))
+    logits = window_logits(model, encodings, tokenizer.pad_token_id, truncation, stride)
+    return ranked(relevance(logits, raw_scores))

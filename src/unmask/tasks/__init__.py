@@ -1,1 +1,0 @@
-"""Tasks: what a head, its data and its metrics need."""

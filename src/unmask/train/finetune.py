@@ -1,0 +1,180 @@
+"""`unmask finetune TASK`: a head on a pretrained encoder, trained with a small learning rate, evaluated every
+epoch, the best model kept (early stopping), exported in the HF layout `transformers`' AutoModelFor... loads.
+
+Tasks: `classify` (one text, a label), `pair` (two texts: a label, or a score with --regression; a cross-encoder
+reranker), `tag` (a label per word, CoNLL files), `embed` (a bi-encoder trained contrastively: CoSENT on scored
+pairs, in-batch negatives on unscored ones; saved in the sentence-transformers layout).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+
+from unmask import models
+from unmask.data.labelled import LabelledFormat, load_pairs, load_task_data
+from unmask.data.readers import is_sts_release, read_sts
+from unmask.errors import DataError, UsageError
+from unmask.heads import FINETUNE_TASKS, TASK_HEADS
+from unmask.io import atomic_write_text
+from unmask.objectives.contrastive import cosent_loss, in_batch_negatives_loss
+from unmask.pipelines.embed import SentenceEncoder, pool
+from unmask.tokenizer import load_tokenizer
+from unmask.train.distributed import init_distributed
+from unmask.train.evaluate import evaluate_sts, evaluate_task
+from unmask.train.loop import Evaluation, SampleOrder, TrainingArgs, train_loop
+
+
+def load_head_model(task: str, path: str, int8: bool = False, bf16: bool = False, config=None, **config_overrides):
+    """The fine-tuning class of the directory's architecture (BERT or ModernBERT) for `task`."""
+    return models.from_pretrained(path, TASK_HEADS[task], int8=int8, bf16=bf16, config=config, **config_overrides)
+
+
+@dataclass(kw_only=True)
+class FinetuneArgs(TrainingArgs):
+    task: str
+    model: str  # any encoder directory: ours, or a transformers / sentence-transformers one
+    train_file: str
+    validation_file: str | None = None
+    text_column: str = "sentence"
+    text_pair_column: str | None = None  # pair: the second text ("sentence2" when not given)
+    label_column: str = "label"
+    regression: bool = False  # pair/classify: predict a number (num_labels = 1, MSE)
+    label_scale: float = 1.0  # regression targets are divided by this (STS-B: 5)
+    max_seq_length: int = 128
+    num_train_epochs: float = 3.0
+    warmup_ratio: float = 0.1
+    early_stopping_patience: int | None = None
+    # fine-tuning defaults differ from pretraining's
+    learning_rate: float = 5e-5
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8  # HF's default: with fine-tuning's small gradients 1e-6 damps the updates
+    warmup_steps: int = 0  # 0: warmup_ratio of the steps
+    max_steps: int = 0  # 0: num_train_epochs over the training data
+    logging_steps: int = 50
+
+    def __post_init__(self):
+        if self.task not in FINETUNE_TASKS:
+            raise UsageError(f"task must be one of {', '.join(FINETUNE_TASKS)}, got {self.task!r}")
+        if self.num_train_epochs <= 0 and self.max_steps <= 0:
+            raise UsageError("give --num_train_epochs or --max_steps")
+        if not 0 <= self.warmup_ratio < 1:
+            raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        super().__post_init__()
+
+    def labelled_format(self) -> LabelledFormat:
+        return LabelledFormat(**{f.name: getattr(self, f.name) for f in fields(LabelledFormat)})
+
+
+@dataclass
+class _LossOutput:
+    loss: torch.Tensor
+
+
+class BiEncoder(torch.nn.Module):
+    """The training view of a SentenceEncoder: two batches of texts in, a contrastive loss out."""
+
+    base_model_prefix = "bert"
+
+    def __init__(self, encoder: SentenceEncoder):
+        super().__init__()
+        self.encoder = encoder
+        self.bert = encoder.model  # registered here, so optimiser, DDP and checkpoints see the encoder's weights
+        self.config = encoder.model.config
+
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return pool(self.bert(input_ids, attention_mask).last_hidden_state, attention_mask, self.encoder.pooling)
+
+    def forward(self, input_ids, attention_mask, input_ids_b, attention_mask_b, labels) -> _LossOutput:
+        a, b = self.embed(input_ids, attention_mask), self.embed(input_ids_b, attention_mask_b)  # (B, H) each
+        if labels.is_floating_point():
+            return _LossOutput(cosent_loss(a, b, labels))
+        return _LossOutput(in_batch_negatives_loss(a, b))
+
+    def save_pretrained(self, output_dir, tokenizer=None) -> Path:
+        return self.encoder.save_pretrained(output_dir)
+
+
+def _embed_setup(args: FinetuneArgs, tokenizer):
+    """(bi-encoder to train, training pairs, evaluate) for the embed task; validation is an STS file."""
+    encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length)
+    train = load_pairs(args.labelled_format(), tokenizer, args.train_file)
+    if not args.validation_file:
+        return BiEncoder(encoder), train, None
+    valid = read_sts(args.validation_file)
+
+    def evaluate() -> dict:  # encode() runs the model in eval mode and puts it back in training mode
+        return evaluate_sts(encoder, *valid, batch_size=args.per_device_eval_batch_size)
+
+    return BiEncoder(encoder), train, evaluate
+
+
+def best_metric(args: FinetuneArgs) -> str:
+    if args.task == "embed":
+        return "eval_spearman"
+    if args.task == "tag":
+        return "eval_f1"
+    return "eval_spearman" if args.regression else "eval_accuracy"
+
+
+def _head_setup(args: FinetuneArgs, tokenizer):
+    """(model with a new or loaded head, training data, evaluate) for classify / pair / tag."""
+    if args.task == "pair" and not args.regression and is_sts_release(args.train_file):
+        raise DataError(f"{args.train_file}: STS Benchmark scores are numbers; add --regression (and "
+                        "--label_scale 5)")
+    spec = args.labelled_format()
+    train, label2id = load_task_data(spec, tokenizer, args.train_file, None)
+    valid = load_task_data(spec, tokenizer, args.validation_file, label2id)[0] if args.validation_file else None
+    if train.truncated or (valid is not None and valid.truncated):
+        print(f"note: {train.truncated} training and {valid.truncated if valid else 0} validation examples are "
+              f"longer than --max_seq_length {args.max_seq_length} and were truncated")
+    if args.regression:
+        config = {"num_labels": 1, "id2label": {0: "score"}, "label2id": {"score": 0}, "problem_type": "regression"}
+    else:
+        config = {"num_labels": len(label2id), "id2label": {i: l for l, i in label2id.items()},
+                  "label2id": label2id, "problem_type": "single_label_classification"}
+    model = load_head_model(args.task, args.model, **config)
+    if valid is None:
+        return model, train, None
+
+    def evaluate() -> dict:
+        result = evaluate_task(args.task, model, valid, tokenizer.pad_token_id, args.per_device_eval_batch_size)
+        result.pop("per_type", None)
+        return result
+
+    return model, train, evaluate
+
+
+def finetune(args: FinetuneArgs) -> dict:
+    """Fine-tune, keep the best epoch, export it to `args.output_dir`; returns its metrics and the timings."""
+    dist = init_distributed()
+    torch.manual_seed(args.seed)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(args.model)
+    setup = _embed_setup if args.task == "embed" else _head_setup
+    model, train, evaluate = setup(args, tokenizer)
+    models.set_attn_backend(model, args.attn_backend)
+
+    global_batch = args.per_device_train_batch_size * dist.world_size * args.gradient_accumulation_steps
+    steps_per_epoch = math.ceil(len(train) / global_batch)
+    max_steps = args.max_steps or max(1, math.ceil(args.num_train_epochs * steps_per_epoch))
+    warmup_steps = args.warmup_steps or round(args.warmup_ratio * max_steps)
+    loop_args = replace(args, max_steps=max_steps, warmup_steps=warmup_steps,
+                        eval_steps=args.eval_steps or steps_per_epoch)
+    order = SampleOrder(len(train), args.seed)
+    if dist.is_main:
+        atomic_write_text(output_dir / "finetune_args.json", json.dumps(asdict(loop_args), indent=2) + "\n")
+
+    def make_batch(step: int, size: int) -> dict[str, torch.Tensor]:
+        return train.collate(order.take(step * size, size), tokenizer.pad_token_id)
+
+    evaluation = Evaluation(evaluate, best_metric(args), patience=args.early_stopping_patience) if evaluate else None
+    result = train_loop(model, tokenizer, loop_args, make_batch, dist, evaluation=evaluation)
+    if dist.is_main:
+        atomic_write_text(output_dir / "eval_results.json", json.dumps(result, indent=2) + "\n")
+    return result
