@@ -8,7 +8,7 @@ import json
 import sys
 
 from unmask.errors import UnmaskError, UsageError
-from unmask.heads import FINETUNE_TASKS, LABELLED_TASKS
+from unmask.heads import FINETUNE_TASKS, LABELLED_TASKS, PREDICT_TASKS
 
 
 def _probability(value: str) -> float:
@@ -295,7 +295,7 @@ def _add_training_commands(commands) -> None:
 
 def _add_inference_commands(commands) -> None:
     predict = commands.add_parser("predict", help="predictions of a fine-tuned model")
-    predict.add_argument("task", choices=["classify", "tag", "rerank"])
+    predict.add_argument("task", choices=PREDICT_TASKS)
     predict.add_argument("--model", required=True)
     predict.add_argument("texts", nargs="+", help="texts (rerank: the query, then the documents)")
     predict.add_argument("--top_k", type=int, default=1, help="classify: how many labels to return")

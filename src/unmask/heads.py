@@ -22,6 +22,7 @@ TASK_HEADS = {
 }
 FINETUNE_TASKS = ("classify", "pair", "tag", "embed")  # `unmask finetune TASK`
 LABELLED_TASKS = ("classify", "pair", "tag")  # `unmask eval TASK`: metrics on a labelled file
+PREDICT_TASKS = ("classify", "tag", "rerank")  # `unmask predict TASK`
 SERVED_TASK = {"encoder": "embed", "masked-lm": "fill-mask", "sequence-classification": "classify",
                "token-classification": "tag"}  # what `unmask serve` answers for a head
 

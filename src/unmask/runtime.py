@@ -5,9 +5,10 @@ Keep freed memory in the process instead of handing it back to the kernel after 
 glibc serves allocations above 32 MB (the word-embedding gradient of a BERT vocabulary is larger) with a fresh mmap
 and unmaps them when freed, so every training step page-faults them in again and zero-fills them, which on the
 sandboxed CPU machines we measure on costs more than the computation of some layers (BENCHMARKS.md). Raising glibc's
-mmap and trim thresholds once per process keeps such blocks in the heap for reuse. Peak memory is unchanged; the process simply keeps it until it exits (as PyTorch's CUDA allocator does).
-Inference gains too: it allocates the same large activations forward after forward (BENCHMARKS.md). The `unmask`
-command applies it at start-up; a Python program calls `keep_freed_memory()` once itself.
+mmap and trim thresholds once per process keeps such blocks in the heap for reuse. Peak memory is unchanged; the
+process simply keeps it until it exits (as PyTorch's CUDA allocator does). Inference gains too: it allocates the
+same large activations forward after forward (BENCHMARKS.md). The `unmask` command applies it at start-up; a Python
+program calls `keep_freed_memory()` once itself.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from unmask.models.bert import BertForMaskedLM
 from unmask.models.modernbert import ModernBertForMaskedLM
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 BERT = dict(vocab_size=999, hidden_size=128, num_hidden_layers=3, num_attention_heads=4, intermediate_size=256)
 MODERNBERT = dict(vocab_size=999, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=192,

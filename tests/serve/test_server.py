@@ -279,3 +279,25 @@ def test_bf16_option_casts_the_served_model(model_dirs, head):
 
     served = ServedModel(model_dirs[head], bf16=True)
     assert {p.dtype for p in served.model.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("head", ["embed", "classify", "fill-mask", "tag"])
+def test_loading_reads_the_config_once_and_a_request_is_tokenized_once(model_dirs, head, monkeypatch):
+    """The served model reads config.json once; a request's inputs are tokenized once (in `fit`, off the model's
+    thread), and the model's thread works on those encodings."""
+    import unmask.hub
+    from unmask.serve.server import ServedModel
+
+    reads = []
+    read_config_json = unmask.hub.read_config_json
+    monkeypatch.setattr(unmask.hub, "read_config_json", lambda path: reads.append(path) or read_config_json(path))
+    served = ServedModel(model_dirs[head])
+    assert len(reads) == 1
+    calls = []
+    encode_batch = served.tokenizer.encode_batch
+    monkeypatch.setattr(served.tokenizer, "encode_batch", lambda *a, **k: calls.append(a) or encode_batch(*a, **k))
+    texts = [t.replace("the", "[MASK]", 1) if head == "fill-mask" else t for t in TEXTS]
+    items, counts, encodings = served.fit(texts, truncate=False)
+    kind = {"classify": "predict"}.get(head, head)
+    results = served.run(kind, list(zip(items, encodings)), (5,))
+    assert len(calls) == 1 and len(results) == len(TEXTS) and sum(counts) == sum(len(e.ids) for e in encodings)

@@ -52,7 +52,7 @@ def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     """softmax(q k^T / sqrt(hd)) with dropout on the probabilities, times v, written out: on the CPU no fused SDPA
     kernel takes dropout, so SDPA would run this same math, upcasting bf16 inputs to fp32 and drawing its mask with
     `bernoulli_`. Here the products stay in the autocast dtype (as `transformers`' eager attention) and the mask is
-    `dropout.dropout`'s: bert-medium's attention, forward and backward at 32 x 128 in bf16, 68 -> 32 ms a layer."""
+    `dropout.dropout`'s, which halves the attention's time in a bf16 training step (BENCHMARKS.md)."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B, nh, T, T)
     if mask is not None:  # the lowest finite score, not -inf: a padding query with no key in its window gets
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # a finite (unused) row, not NaN
@@ -108,7 +108,7 @@ def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Unpadded, w
     if q.device.type == "cpu" and not torch.is_grad_enabled():
         return _each_sequence(q, k, v, batch, window, dropout_p)
     # back to a right-padded batch for one SDPA call (in training on the CPU too: autograd over one slice per
-    # sequence costs more than the padding saves, 1.1-2x slower measured)
+    # sequence costs more than the padding saves; BENCHMARKS.md)
     where = batch.padded_positions
     q, k, v = (pad_input(t, where, B, T).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
     y = local_or_global(q, k, v, window, batch.padded_real, dropout_p)  # (B, nh, T, hd)
@@ -119,7 +119,7 @@ def _each_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Unp
                    dropout_p: float) -> torch.Tensor:
     """Inference on the CPU: one SDPA call per sequence, on views of the unpadded rows, with no mask. Padding the
     batch for one call costs three scatters and a gather a layer, and SDPA's CPU kernel then computes the padded
-    rows too: this is 1.35-2x faster for 8-128 ragged sequences (MiniLM fill-mask batch 32: 5.3 -> 3.2 ms a layer)."""
+    rows too: on ragged batches this is the faster path (BENCHMARKS.md)."""
     out = torch.empty_like(q)  # (N, nh, hd)
     starts = batch.cu_seqlens.tolist()
     for a, b in zip(starts[:-1], starts[1:]):

@@ -1,11 +1,9 @@
 """Dropout with a cheaper random mask on the CPU; `Dropout` is `nn.Dropout` (same name, same `p`) calling it.
 
-Why: on the CPU, `F.dropout` draws its mask with `bernoulli_`, one float draw per element, on one thread: 11 ms for
-a (4096, 512) activation, the size of every residual branch of bert-medium at batch 32 x 128, and dropout was 23% of
-a bf16 bert-medium training step on the AMX box. Here one 64-bit draw serves four elements, each dropped when its
-16-bit quarter falls under the threshold: the drop probability is p to within 2^-17 (FlashAttention's GPU kernels
-round it to 2^-8), and the survivors are scaled by exactly 1 / (1 - p). Forward plus backward of that activation:
-F.dropout 13-16 ms, 32-bit draws with `masked_fill_` 9.4-10.1 ms, this 4.7 ms in bf16 and 6.8 ms in fp32. On GPUs
+Why: on the CPU, `F.dropout` draws its mask with `bernoulli_`, one float draw per element, on one thread, and in a
+bf16 training step that was a large share of the time (BENCHMARKS.md). Here one 64-bit draw serves four elements,
+each dropped when its 16-bit quarter falls under the threshold: the drop probability is p to within 2^-17
+(FlashAttention's GPU kernels round it to 2^-8), and the survivors are scaled by exactly 1 / (1 - p). On GPUs
 `F.dropout` is fused and counter-based already, so it is used there. The mask is a different random stream from
 `F.dropout`'s, from the same global generator (`torch.manual_seed` still fixes it).
 """
@@ -28,8 +26,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     draws = bits.view(torch.int16)[:n].view(x.shape)  # four uniform int16 draws per 64 bits
     threshold = min(round(p * 2**16), 2**16 - 1)  # within int16 after the shift below
     # the mask (1 = keep) in x's dtype when that takes 2 bytes (bf16 autocast): the two multiplies then convert
-    # nothing (forward and backward of a (4096, 512) activation 7.2 -> 4.7 ms) for 1 byte more an element kept for
-    # the backward; in fp32 a bool mask, 3 bytes an element less than an fp32 one, at 6.8 ms against 5.1
+    # nothing, for 1 byte more an element kept for the backward; in fp32 a bool mask, 3 bytes an element less than
+    # an fp32 one, for a little more time (BENCHMARKS.md)
     keep = torch.empty_like(x, dtype=x.dtype if x.element_size() == 2 else torch.bool)
     torch.ge(draws, -(2**15) + threshold, out=keep)
     return (x * keep).mul_(1.0 / (1.0 - p))

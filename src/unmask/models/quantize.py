@@ -1,8 +1,8 @@
 """Int8 dynamic quantisation for CPU inference (an opt-in mode: `--int8`).
 
 Every `nn.Linear` keeps its weight as int8 (one scale per output channel) and quantises its input per call, so the
-matrix products - nearly all of an encoder's FLOPs - run as int8 GEMMs (fbgemm / x86 engine). Measured on this
-project's 2-core AVX2 CPU: ~2x the fp32 GEMM rate. Embeddings, LayerNorm, attention scores and softmax stay fp32.
+matrix products - nearly all of an encoder's FLOPs - run as int8 GEMMs (fbgemm / x86 engine), faster than fp32 ones
+on every CPU we measured (BENCHMARKS.md). Embeddings, LayerNorm, attention scores and softmax stay fp32.
 The cost is accuracy: BENCHMARKS.md reports the STS-B Spearman drop of all-MiniLM-L6-v2 (aim <= 0.005).
 
 The quantised model is for inference only: it has no trainable linear weights and is never saved.

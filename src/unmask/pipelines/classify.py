@@ -47,8 +47,9 @@ def label_scores(logits: np.ndarray, id2label: dict[int, str], raw_scores: bool 
     when the model has one output (a regression or relevance score)."""
     scores = logits if raw_scores or logits.shape[1] == 1 else softmax(logits)
     k = logits.shape[1] if top_k is None else min(top_k, logits.shape[1])
-    return [[{"label": id2label.get(int(j), str(j)), "score": float(row[j])} for j in np.argsort(-row, kind="stable")[:k]]
-            for row in scores]
+    best = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (inputs, k)
+    return [[{"label": id2label.get(int(j), str(j)), "score": float(row[j])} for j in order]
+            for row, order in zip(scores, best)]
 
 
 def relevance(logits: np.ndarray, raw_scores: bool = False) -> np.ndarray:

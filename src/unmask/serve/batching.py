@@ -23,7 +23,7 @@ from unmask.errors import UsageError
 @dataclass
 class Job:
     kind: str  # what to run: "embed", "predict", "rerank", "fill-mask", "tag"
-    inputs: list  # texts, or (query, document) pairs
+    inputs: list  # (text or (query, document) pair, its encoding): tokenized once, before the queue
     tokens: int  # real tokens of all inputs
     options: tuple = ()  # settings that must be equal to share a forward pass (e.g. fill-mask's top_k)
     future: asyncio.Future | None = None

@@ -22,8 +22,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def make_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float = 0.01,
                    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6) -> torch.optim.AdamW:
-    # fused: one kernel per parameter for the whole update, 8x faster than foreach on CPU (43 -> 5.6 ms a step for
-    # MiniLM's 22M parameters, measured here), where the foreach path spent 20% of a fine-tuning step in sqrt
+    # fused: one kernel per parameter for the whole update; the foreach path spends a large share of a CPU
+    # fine-tuning step in its sqrt pass (BENCHMARKS.md)
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=betas, eps=eps, fused=True)
 
 
