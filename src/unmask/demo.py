@@ -169,7 +169,8 @@ def describe(result: dict, options: DemoOptions) -> str:
     p_mask, p_random = 0.8, 0.1
     original, inputs, labels = details["_example"]
     shown = [VOCAB[i] for i in inputs.tolist() if i != PAD]
-    label_words = [VOCAB[int(l)] if l != IGNORE_INDEX else "-" for l, i in zip(labels.tolist(), original.tolist()) if i != PAD]
+    label_words = [VOCAB[int(label)] if label != IGNORE_INDEX else "-"
+                   for label, i in zip(labels.tolist(), original.tolist()) if i != PAD]
     loss, words, target_prob = worked_example()
     lines = [
         f"1. Masking {m['tokens']:,} real tokens with p = {options.mlm_probability}"
