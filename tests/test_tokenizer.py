@@ -103,3 +103,19 @@ def test_clear_errors(tmp_path):
         train_tokenizer([empty], vocab_size=100, show_progress=False)
     with pytest.raises(ValueError, match="vocab_size"):
         train_tokenizer([empty], vocab_size=3, show_progress=False)
+
+
+def test_training_is_deterministic_and_word_pieces_are_not_special(tmp_path, corpus_file):
+    """Same files, same arguments: the same vocabulary every run (`tokenizers`' trainer alone gives its `##`
+    pieces ids in hash-map order, and ties between merges then go either way)."""
+    vocabularies = []
+    for _ in range(6):
+        tokenizer = train_tokenizer([corpus_file], vocab_size=200, min_frequency=1, show_progress=False)
+        vocabularies.append(tokenizer.backend.get_vocab())
+    assert all(v == vocabularies[0] for v in vocabularies)
+    assert len(vocabularies[0]) == 200
+    added = tokenizer.backend.get_added_tokens_decoder()
+    assert sorted(t.content for t in added.values()) == sorted(SPECIAL_TOKENS)
+    pieces = tokenizer.encode("unbelievably reorganised", add_special_tokens=False)
+    assert any(tokenizer.convert_ids_to_tokens([i])[0].startswith("##") for i in pieces)
+    assert tokenizer.decode(pieces) == "unbelievably reorganised"  # no piece is dropped as special

@@ -61,8 +61,18 @@ def _run_tokenizer_train(args) -> None:
 _HELP = {
     "train_file": "training text: files or globs (.txt, .jsonl, .gz); repeatable",
     "validation_file": "held-out text for evaluation; repeatable",
-    "model_config": "a preset (bert-tiny ... bert-large, modernbert-tiny ... modernbert-base) or a config.json",
-    "tokenizer": "an HF tokenizer directory; without it a WordPiece tokenizer of --vocab_size is trained",
+    "model_config": "a new model: a preset (bert-tiny ... bert-large, modernbert-tiny ... modernbert-base) or a "
+                    "config.json (default bert-mini unless --model_name_or_path)",
+    "model_name_or_path": "continue from a model directory: an MLM, encoder, sentence-transformers, ELECTRA export "
+                          "or classifier directory (its tokenizer too); a head it lacks is created new",
+    "overwrite_output_dir": "start a new run in an --output_dir that holds files (its checkpoints, metrics and "
+                            "trained tokenizer are removed first); without it such a directory is refused",
+    "final_mlm_probability": "move the masking rate linearly from --mlm_probability to this over the steps",
+    "lr_scheduler_type": "after warmup: linear, cosine, constant, or warmup_stable_decay (the peak held, then a "
+                         "linear decay over the last --decay_ratio of the steps)",
+    "decay_ratio": "warmup_stable_decay: the share of the post-warmup steps that decays",
+    "tokenizer": "an HF tokenizer directory; without it a WordPiece tokenizer of --vocab_size is trained (with "
+                 "--model_name_or_path: the directory's own, replaceable only by one with the same vocabulary)",
     "max_train_minutes": "wall-clock budget; the learning rate decays over whichever of it and --max_steps ends first",
     "resume_from_checkpoint": "a checkpoint-N directory, or 'latest' (newest complete one in --output_dir)",
     "cross_documents": "pack sequences across document boundaries (default: never cross)",

@@ -124,9 +124,10 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source:
     return [k for k in missing if k not in missing_base]
 
 
-def from_pretrained(model_class, path: str | Path, config: BertConfig | ModernBertConfig | None = None,
-                    **config_overrides):
-    """Build `model_class` from the directory's config (or `config`, read from it already) and load its weights."""
+def load_pretrained(model_class, path: str | Path, config: BertConfig | ModernBertConfig | None = None,
+                    **config_overrides) -> tuple[torch.nn.Module, list[str]]:
+    """Build `model_class` from the directory's config (or `config`, read from it already) and load its weights;
+    returns the model (in eval mode) and the keys the directory lacked, which were newly initialised (a new head)."""
     path = Path(path)
     config = config if config is not None else read_config(path)
     expected = getattr(model_class, "config_class", None)
@@ -138,19 +139,38 @@ def from_pretrained(model_class, path: str | Path, config: BertConfig | ModernBe
     stream = torch.random.get_rng_state()
     model = model_class(config)  # draws every weight at random; the checkpoint overwrites all but a new head's
     new_keys = load_weights(model, read_weights(path), str(path))
-    if new_keys:
-        warnings.warn(f"{path}: no weights for {new_keys}; they are newly initialised (train them)", stacklevel=2)
     init_module = getattr(model, "init_module", None)
     if not new_keys or init_module is not None:
         # Loading moves the caller's random stream only by the new weights' draws, as in transformers (which
         # initialises only those): a seed then gives the same head, and the same dropout masks after it, as there,
-        # whatever the encoder's size. Why it matters: a fine-tuning run hangs on its head's initial draw (STS-B,
-        # same seed and order, ours vs transformers' model: 0.839 vs 0.849 after one epoch; equal once aligned).
+        # whatever the encoder's size. A fine-tuning run hangs on its head's initial draw (BENCHMARKS.md).
         torch.random.set_rng_state(stream)
-        modules = dict(model.named_modules())
-        for module in dict.fromkeys(modules[key.rpartition(".")[0]] for key in new_keys):
-            init_module(module)
+        _init_new(model, new_keys, init_module)
     model.eval()
+    return model, new_keys
+
+
+def _init_new(model: torch.nn.Module, new_keys: list[str], init_module) -> None:
+    """Initialise the modules that hold new weights, keeping any loaded tensor they share: a new MLM head's decoder
+    has a new bias but its weight is the loaded word-embedding matrix, which must survive the head's init."""
+    modules = dict(model.named_modules())
+    new = set(new_keys)
+    for name in dict.fromkeys(key.rpartition(".")[0] for key in new_keys):
+        module = modules[name]
+        kept = {n: p.detach().clone() for n, p in module.named_parameters(recurse=False)
+                if f"{name}.{n}" not in new}
+        init_module(module)
+        with torch.no_grad():
+            for n, value in kept.items():
+                getattr(module, n).copy_(value)
+
+
+def from_pretrained(model_class, path: str | Path, config: BertConfig | ModernBertConfig | None = None,
+                    **config_overrides):
+    """`load_pretrained`, with a warning that names the weights the directory lacked."""
+    model, new_keys = load_pretrained(model_class, path, config, **config_overrides)
+    if new_keys:
+        warnings.warn(f"{path}: no weights for {new_keys}; they are newly initialised (train them)", stacklevel=3)
     return model
 
 

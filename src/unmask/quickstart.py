@@ -46,7 +46,7 @@ def quickstart(output_dir: str | Path = "runs/quickstart", seed: int = 0, max_st
         train_file=[str(train)], validation_file=[str(valid)], output_dir=str(model_dir), model_config=str(config),
         vocab_size=120, max_seq_length=16, per_device_train_batch_size=64, learning_rate=3e-3, warmup_steps=30,
         max_steps=max_steps, logging_steps=50, mlm_probability=0.3, seed=seed, cache_dir=str(output_dir / "cache"),
-        show_progress=True))
+        show_progress=True, overwrite_output_dir=True))  # its own directory: a rerun replaces it
     minutes = (time.perf_counter() - start) / 60
     print(f"\npretrained in {minutes:.1f} min: validation masked-token accuracy {result['eval_accuracy']:.3f},"
           f" perplexity {result['eval_perplexity']:.2f}  -> {model_dir}\n")

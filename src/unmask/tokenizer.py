@@ -178,47 +178,62 @@ def train_tokenizer(files: Sequence[str | Path], vocab_size: int = 30522, *, low
                     output_dir: str | Path | None = None, show_progress: bool = True) -> Tokenizer:
     """Train a BERT WordPiece tokenizer on text / JSONL / gzip files (Gutenberg boilerplate stripped).
 
-    Special tokens get ids 0-4 in the order `[PAD] [UNK] [CLS] [SEP] [MASK]`.
+    Special tokens get ids 0-4 in the order `[PAD] [UNK] [CLS] [SEP] [MASK]`. The same files and arguments give the
+    same vocabulary, run after run: `tokenizers`' trainer gives each word-internal piece `##c` its id in hash-map
+    order and breaks ties between equally frequent merges by id, so left alone two runs differ (tokenizers #1794).
+    Here every `##c` of the corpus's characters is given its id up front, in sorted order, and the trained
+    vocabulary is then rebuilt with the five special tokens as the only added tokens.
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise UsageError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
     backend = bert_wordpiece_backend(lowercase)
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                        special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix="##",
-                                        show_progress=show_progress)
-    seen_text = False
-
-    def batches():
-        nonlocal seen_text
-        batch: list[str] = []
-        for line in iter_lines(files, text_field):
-            seen_text = True
-            batch.append(line)
-            if len(batch) == 1000:
-                yield batch
-                batch = []
-        if batch:
-            yield batch
-
-    backend.train_from_iterator(batches(), trainer=trainer)
-    if not seen_text:
+    pieces = _continuing_pieces(iter_lines(files, text_field), backend)
+    if not pieces:
         raise DataError(f"no text found in {[str(f) for f in files]}")
-    _add_bert_post_processor(backend)
-    special_tokens = dict(zip(_ROLES, SPECIAL_TOKENS))
-    tokenizer = Tokenizer(backend, special_tokens, model_max_length=model_max_length, lowercase=lowercase)
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                        special_tokens=[*SPECIAL_TOKENS, *pieces], continuing_subword_prefix="##",
+                                        show_progress=show_progress)
+    backend.train_from_iterator(_batches(iter_lines(files, text_field)), trainer=trainer)
+    vocab = backend.get_vocab(with_added_tokens=True)
+    tokenizer = Tokenizer(_wordpiece_backend(vocab, lowercase), dict(zip(_ROLES, SPECIAL_TOKENS)),
+                          model_max_length=model_max_length, lowercase=lowercase)
     if output_dir is not None:
         tokenizer.save_pretrained(output_dir)
     return tokenizer
 
 
-def _wordpiece_from_vocab(vocab_file: Path, lowercase: bool) -> BackendTokenizer:
-    vocab_lines = vocab_file.read_text(encoding="utf-8").split("\n")
-    vocab = {token: i for i, token in enumerate(t for t in vocab_lines if t)}
+def _continuing_pieces(lines: Iterable[str], backend: BackendTokenizer) -> list[str]:
+    """`##c` for every character c the normaliser can output on these lines, sorted."""
+    raw: set[str] = set()
+    for line in lines:
+        raw.update(line)
+    normalised = {c for r in raw for c in backend.normalizer.normalize_str(r) if not c.isspace()}
+    return [f"##{c}" for c in sorted(normalised)]
+
+
+def _batches(lines: Iterable[str], size: int = 1000) -> Iterable[list[str]]:
+    batch: list[str] = []
+    for line in lines:
+        batch.append(line)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _wordpiece_backend(vocab: dict[str, int], lowercase: bool) -> BackendTokenizer:
+    """A BERT WordPiece tokenizer over `vocab` (token -> id); the special tokens present are its added tokens."""
     backend = bert_wordpiece_backend(lowercase)
     backend.model = models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##")
     backend.add_special_tokens([t for t in SPECIAL_TOKENS if t in vocab])
     _add_bert_post_processor(backend)
     return backend
+
+
+def _wordpiece_from_vocab(vocab_file: Path, lowercase: bool) -> BackendTokenizer:
+    vocab_lines = vocab_file.read_text(encoding="utf-8").split("\n")
+    return _wordpiece_backend({token: i for i, token in enumerate(t for t in vocab_lines if t)}, lowercase)
 
 
 def _token_name(value) -> str | None:

@@ -76,3 +76,43 @@ def test_real_gutenberg_books_are_stripped():
     for book, doc in zip(books, iter_documents(books)):
         assert "Project Gutenberg" not in doc[:2000] and "PROJECT GUTENBERG" not in doc[-2000:], book.name
         assert "\r" not in doc and not doc.startswith("\ufeff")
+
+
+def test_parquet_arrow_saved_datasets_and_zstandard(tmp_path):
+    """Every row of a table is a document; zstandard text and JSONL read like gzip ones; a saved dataset is its
+    shards in order."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = [f"document number {i} about the sea" for i in range(2500)]  # three Parquet batches
+    pq.write_table(pa.table({"id": list(range(2500)), "text": rows}), tmp_path / "a.parquet")
+    assert list(iter_documents([tmp_path / "a.parquet"])) == rows
+    table = pa.table({"body": rows[:5]})
+    with pa.OSFile(str(tmp_path / "b.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    assert list(iter_documents([tmp_path / "b.arrow"], text_field="body")) == rows[:5]
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": rows[:300]}).save_to_disk(str(tmp_path / "saved"), num_shards=3)
+    assert list(iter_documents([tmp_path / "saved"])) == rows[:300]
+    for name, payload in [("c.txt.zst", "one book\nin two lines"), ("d.jsonl.zst", '{"text": "a"}\n{"text": "b"}')]:
+        with pa.CompressedOutputStream(str(tmp_path / name), "zstd") as out:
+            out.write(payload.encode())
+    assert list(iter_documents([tmp_path / "c.txt.zst", tmp_path / "d.jsonl.zst"])) == ["one book\nin two lines",
+                                                                                        "a", "b"]
+
+
+def test_table_inputs_give_clear_errors(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"content": ["x"], "id": [1]}), tmp_path / "a.parquet")
+    with pytest.raises(DataError, match=r"a.parquet: no column 'text' \(columns: content, id\); set --text_field"):
+        list(iter_documents([tmp_path / "a.parquet"]))
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "n.parquet")
+    with pytest.raises(DataError, match="n.parquet: row 1, column 'text' is int, not text"):
+        list(iter_documents([tmp_path / "n.parquet"]))
+    whole = (tmp_path / "a.parquet").read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataError, match="cut.parquet: not a readable parquet file"):
+        list(iter_documents([tmp_path / "cut.parquet"]))
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(DataError, match="not a saved dataset"):
+        expand_paths([tmp_path / "folder"])

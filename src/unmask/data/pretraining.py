@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from unmask.data.sources import DataError, expand_paths, iter_documents
-from unmask.errors import UsageError
+from unmask.data.sources import expand_paths, iter_documents
+from unmask.errors import DataError, UsageError
 
 CACHE_VERSION = 1
 _LINES_PER_BATCH = 4096  # lines handed to the Rust tokenizer at once (it encodes a batch on all cores)

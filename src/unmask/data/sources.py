@@ -1,6 +1,11 @@
-"""Readers for training text: plain text, JSON Lines and gzip of either, with Project Gutenberg boilerplate removed.
+"""Readers for training text, with Project Gutenberg boilerplate removed:
 
-A *document* is the unit that packing never crosses: a whole `.txt` file, or one line of a `.jsonl` file.
+- plain text and JSON Lines, each plain, gzip (`.gz`) or zstandard (`.zst`) compressed;
+- Parquet files and Arrow files (`.parquet`, `.arrow`), and `datasets.Dataset.save_to_disk` directories (their
+  `.arrow` shards), read batch by batch through `pyarrow`, one column (`--text_field`).
+
+A *document* is the unit that packing never crosses: a whole `.txt` file, one line of a `.jsonl` file, or one row
+of a Parquet or Arrow table.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ _GUTENBERG_START = re.compile(r"^\*\*\* ?START OF .*$", re.MULTILINE)
 _GUTENBERG_END = re.compile(r"^\*\*\* ?END OF .*$", re.MULTILINE)
 
 
+_ARROW_BATCH = 1024  # rows read at once from a Parquet or Arrow file
+
+
 def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
-    """Turn file names and globs into an ordered, de-duplicated list of existing files."""
+    """Turn file names, globs and `save_to_disk` directories into an ordered, de-duplicated list of files."""
     files: list[Path] = []
     for pattern in patterns:
         pattern = str(pattern)
@@ -29,13 +37,28 @@ def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
             raise DataError(f"{pattern}: no file matches this pattern")
         for match in matches:
             path = Path(match)
-            if path.is_dir():
-                raise DataError(f"{path}: is a directory; pass files or a glob such as '{path}/*.txt'")
-            if not path.exists():
-                raise DataError(f"{path}: no such file")
-            if path not in files:
-                files.append(path)
+            found = _saved_dataset_shards(path) if path.is_dir() else [path]
+            for file in found:
+                if not file.exists():
+                    raise DataError(f"{file}: no such file")
+                if file not in files:
+                    files.append(file)
     return files
+
+
+def _saved_dataset_shards(directory: Path) -> list[Path]:
+    """The `.arrow` shards of a `datasets.Dataset.save_to_disk` directory, in their order (its `state.json`)."""
+    state_file = directory / "state.json"
+    if not state_file.exists():
+        raise DataError(f"{directory}: is a directory but not a saved dataset (no state.json); pass files or a glob "
+                        f"such as '{directory}/*.txt'")
+    try:
+        shards = [directory / entry["filename"] for entry in json.loads(state_file.read_text())["_data_files"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise DataError(f"{state_file}: not a datasets state file ({e})") from e
+    if not shards:
+        raise DataError(f"{state_file}: lists no data files")
+    return shards
 
 
 def strip_gutenberg(text: str) -> str:
@@ -47,15 +70,28 @@ def strip_gutenberg(text: str) -> str:
     return text[start.end() : end.start() if end else len(text)].strip("\n")
 
 
-def read_text(path: str | Path) -> str:
-    """A whole file as text: gzip undone, UTF-8 checked (a clear error naming the byte), BOM and CR removed."""
-    path = Path(path)
+def _read_bytes(path: Path) -> bytes:
+    if path.name.endswith(".zst"):
+        import pyarrow as pa
+
+        try:
+            with pa.CompressedInputStream(pa.OSFile(str(path)), "zstd") as f:
+                return f.read()
+        except (OSError, pa.ArrowException) as e:
+            raise DataError(f"{path}: cannot be read as zstandard ({e})") from e
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rb") as f:
-            raw = f.read()
+            return f.read()
     except (OSError, EOFError) as e:  # a truncated or non-gzip file behind a .gz name
         raise DataError(f"{path}: cannot be read ({e})") from e
+
+
+def read_text(path: str | Path) -> str:
+    """A whole file as text: gzip or zstandard undone, UTF-8 checked (a clear error naming the byte), BOM and CR
+    removed."""
+    path = Path(path)
+    raw = _read_bytes(path)
     try:
         # utf-8-sig drops the byte-order mark some Gutenberg files start with
         text = raw.decode("utf-8-sig")
@@ -67,9 +103,60 @@ def read_text(path: str | Path) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _is_jsonl(path: Path) -> bool:
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name
-    return name.endswith((".jsonl", ".json", ".ndjson"))
+def _format(path: Path) -> str:
+    """"table" (Parquet / Arrow), "jsonl" or "text", by the name without a compression suffix."""
+    name = path.name.removesuffix(".gz").removesuffix(".zst")
+    if name.endswith((".parquet", ".arrow")):
+        return "table"
+    return "jsonl" if name.endswith((".jsonl", ".json", ".ndjson")) else "text"
+
+
+def _table_batches(path: Path, text_field: str) -> Iterator:
+    """Record batches of the `text_field` column of a Parquet or Arrow file (IPC stream, as `datasets` writes it,
+    or IPC file format)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.name.endswith(".parquet"):
+        parquet = pq.ParquetFile(path)
+        _check_column(path, text_field, parquet.schema_arrow.names)
+        yield from parquet.iter_batches(batch_size=_ARROW_BATCH, columns=[text_field])
+        return
+    source = pa.memory_map(str(path))
+    try:
+        stream = pa.ipc.open_stream(source)
+    except pa.ArrowInvalid:  # not a stream: the random-access file format
+        source.seek(0)
+        stream = pa.ipc.open_file(source)
+        _check_column(path, text_field, stream.schema.names)
+        for i in range(stream.num_record_batches):
+            yield stream.get_batch(i).select([text_field])
+        return
+    _check_column(path, text_field, stream.schema.names)
+    for batch in stream:
+        yield batch.select([text_field])
+
+
+def _check_column(path: Path, text_field: str, columns: list[str]) -> None:
+    if text_field not in columns:
+        raise DataError(f"{path}: no column {text_field!r} (columns: {', '.join(columns)}); set --text_field")
+
+
+def _table_documents(path: Path, text_field: str) -> Iterator[str]:
+    import pyarrow as pa
+
+    row = 0
+    try:
+        for batch in _table_batches(path, text_field):
+            for value in batch.column(0).to_pylist():
+                row += 1
+                if value is not None and not isinstance(value, str):
+                    raise DataError(f"{path}: row {row}, column {text_field!r} is {type(value).__name__}, not text")
+                if value and value.strip():
+                    yield value
+    except (OSError, pa.ArrowException) as e:
+        where = f"after row {row}" if row else "at its start"
+        raise DataError(f"{path}: not a readable {path.suffix[1:]} file, damaged {where} ({e})") from e
 
 
 def _jsonl_documents(path: Path, text: str, text_field: str) -> Iterator[str]:
@@ -90,10 +177,15 @@ def _jsonl_documents(path: Path, text: str, text_field: str) -> Iterator[str]:
 
 
 def iter_documents(paths: Iterable[str | Path], text_field: str = "text") -> Iterator[str]:
-    """Yield the documents of every file in order: a `.txt` file is one document, a `.jsonl` line is one."""
+    """Yield the documents of every file in order: a `.txt` file is one document, a `.jsonl` line or a table row
+    is one."""
     for path in expand_paths(paths):
+        kind = _format(path)
+        if kind == "table":
+            yield from _table_documents(path, text_field)
+            continue
         text = read_text(path)
-        if _is_jsonl(path):
+        if kind == "jsonl":
             yield from _jsonl_documents(path, text, text_field)
         else:
             body = strip_gutenberg(text)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -30,14 +31,10 @@ from unmask.errors import TrainingError, UsageError
 from unmask.hub import load_weights, read_weights
 from unmask.models.outputs import IGNORE_INDEX
 from unmask.runtime import warn_if_slow_bf16
-from unmask.train.checkpoint import (
-    latest_checkpoint,
-    load_training_state,
-    save_checkpoint,
-)
+from unmask.train.checkpoint import resume_point, save_checkpoint
 from unmask.train.distributed import Distributed
 from unmask.train.metrics_log import MetricsLog, plot_loss_curve
-from unmask.train.optim import lr_factor, make_optimizer, set_learning_rate
+from unmask.train.optim import SCHEDULES, lr_factor, make_optimizer, set_learning_rate
 
 
 @dataclass(kw_only=True)
@@ -57,6 +54,7 @@ class TrainingArgs:
     max_train_minutes: float | None = None  # a wall-clock budget; the schedule decays over whichever ends first
     warmup_steps: int = 100
     lr_scheduler_type: str = "linear"
+    decay_ratio: float = 0.1  # warmup_stable_decay: the last share of the (post-warmup) steps that decays
     bf16: bool = False
     torch_compile: bool = False  # compile the training forward (and so its backward): slow first steps, pays on GPUs
     attn_backend: str = "varlen"  # ModernBERT: varlen (unpadded) or sdpa (padded, as transformers); BERT unpads
@@ -74,10 +72,13 @@ class TrainingArgs:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.max_steps < 0 or self.warmup_steps < 0:
             raise UsageError("--max_steps and --warmup_steps cannot be negative")
-        if self.learning_rate <= 0:
-            raise UsageError(f"--learning_rate must be positive, got {self.learning_rate}")
-        if self.lr_scheduler_type not in ("linear", "cosine", "constant"):
-            raise UsageError(f"--lr_scheduler_type must be linear, cosine or constant, got {self.lr_scheduler_type}")
+        if self.learning_rate < 0:  # 0 is a dry run: every step taken, no weight changed
+            raise UsageError(f"--learning_rate cannot be negative, got {self.learning_rate}")
+        if self.lr_scheduler_type not in SCHEDULES:
+            raise UsageError(f"--lr_scheduler_type must be one of {', '.join(SCHEDULES)}, got "
+                             f"{self.lr_scheduler_type!r}")
+        if not 0.0 <= self.decay_ratio <= 1.0:
+            raise UsageError(f"--decay_ratio must be in [0, 1], got {self.decay_ratio}")
         if self.attn_backend not in ("sdpa", "varlen"):
             raise UsageError(f"--attn_backend must be sdpa or varlen, got {self.attn_backend!r}")
 
@@ -174,12 +175,9 @@ class Run:
 
     def resume(self) -> None:
         """Weights, optimizer, random states and loop state from a checkpoint."""
-        args = self.args
-        checkpoint = (latest_checkpoint(self.output_dir) if args.resume_from_checkpoint == "latest"
-                      else Path(args.resume_from_checkpoint))
-        if checkpoint is None:
-            raise TrainingError(f"--resume_from_checkpoint latest: no complete checkpoint in {self.output_dir}")
-        saved = load_training_state(checkpoint)
+        checkpoint, saved = resume_point(self.output_dir, self.args.resume_from_checkpoint)
+        if self.dist.is_main:
+            print(f"resuming from {checkpoint} (step {saved['loop']['step']})", file=sys.stderr, flush=True)
         if hasattr(self.model, "restore_weights"):  # a pretrainer whose checkpoint is more than the exported model
             self.model.restore_weights(checkpoint)
         else:
@@ -223,7 +221,8 @@ class Run:
         decay = (state.step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)
         if args.max_train_minutes:
             decay = max(decay, self.elapsed() / (args.max_train_minutes * 60))
-        self.lr = args.learning_rate * lr_factor(state.step, args.warmup_steps, decay, args.lr_scheduler_type)
+        self.lr = args.learning_rate * lr_factor(state.step, args.warmup_steps, decay, args.lr_scheduler_type,
+                                                 args.decay_ratio)
         set_learning_rate(self.optimizer, self.lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

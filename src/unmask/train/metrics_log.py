@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
+from unmask.errors import CheckpointError
 from unmask.io import atomic_write, atomic_write_text
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a metrics.jsonl. A torn last line (a run killed mid-write) is dropped with a warning; a damaged
+    line before it is an error naming the file and line."""
+    lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if number == len(lines):
+                warnings.warn(f"{path}:{number}: a torn last line (the run was killed mid-write), dropped",
+                              stacklevel=2)
+                break
+            raise CheckpointError(f"{path}:{number}: not a JSON line ({e.msg}); remove the line to continue") from e
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise CheckpointError(f"{path}:{number}: not a metrics row (an object with a step)")
+        rows.append(row)
+    return rows
 
 
 class MetricsLog:
@@ -19,8 +41,8 @@ class MetricsLog:
         if resume_step is None:
             path.unlink(missing_ok=True)
         elif path.exists():
-            kept = [l for l in path.read_text().splitlines() if l and json.loads(l)["step"] <= resume_step]
-            atomic_write_text(path, "".join(line + "\n" for line in kept))
+            kept = [row for row in read_rows(path) if row["step"] <= resume_step]
+            atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
 
     def write(self, row: dict) -> None:
         if self.enabled:
@@ -28,9 +50,7 @@ class MetricsLog:
                 f.write(json.dumps(row) + "\n")
 
     def rows(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_rows(self.path) if self.path.exists() else []
 
 
 def plot_loss_curve(metrics_file: Path, png: Path) -> None:
@@ -39,7 +59,7 @@ def plot_loss_curve(metrics_file: Path, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    rows = read_rows(metrics_file)
     train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
     evals = [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r]
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -27,9 +27,15 @@ def make_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: f
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=betas, eps=eps, fused=True)
 
 
-def lr_factor(step: int, warmup_steps: int, decay_progress: float, schedule: str = "linear") -> float:
+SCHEDULES = ("linear", "cosine", "constant", "warmup_stable_decay")
+
+
+def lr_factor(step: int, warmup_steps: int, decay_progress: float, schedule: str = "linear",
+              decay_ratio: float = 0.1) -> float:
     """Multiplier of the peak learning rate: linear warmup over `warmup_steps`, then decay to 0 as
-    `decay_progress` goes from 0 to 1 (the fraction of the post-warmup steps, or of a wall-clock budget, used)."""
+    `decay_progress` goes from 0 to 1 (the fraction of the post-warmup steps, or of a wall-clock budget, used).
+    `warmup_stable_decay` holds the peak and decays linearly over the last `decay_ratio` of that progress (as
+    ModernBERT trains: a run resumed with more steps extends its stable phase)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     rest = min(1.0, max(0.0, decay_progress))
@@ -39,7 +45,9 @@ def lr_factor(step: int, warmup_steps: int, decay_progress: float, schedule: str
         return 0.5 * (1.0 + math.cos(math.pi * rest))
     if schedule == "constant":
         return 1.0
-    raise UsageError(f"unknown lr schedule {schedule!r} (linear, cosine, constant)")
+    if schedule == "warmup_stable_decay":
+        return min(1.0, (1.0 - rest) / decay_ratio) if decay_ratio > 0 else 1.0
+    raise UsageError(f"unknown lr schedule {schedule!r} ({', '.join(SCHEDULES)})")
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

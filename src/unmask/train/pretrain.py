@@ -1,28 +1,35 @@
 """Pretraining: from text files to a model directory `transformers` loads as it is.
 
-Objectives: `mlm` (masked-LM, the model is BertForMaskedLM / ModernBertForMaskedLM) or `electra` (replaced-token
-detection, objectives/electra.py; the export is the discriminator encoder). Setup here (tokenizer, config, token
-cache, packing, dynamic-masking collator), the steps in `train.loop`.
+The model starts from random weights of a `--model_config`, or from a checkpoint people have
+(`--model_name_or_path`: an MLM, encoder, sentence-transformers, ELECTRA-export or classifier directory; whatever
+head the objective needs and the directory lacks is created new). Objectives: `mlm` (masked-LM, the model is
+BertForMaskedLM / ModernBertForMaskedLM) or `electra` (replaced-token detection, objectives/electra.py; the export
+is the discriminator encoder). Setup here (tokenizer, model, token cache, packing, dynamic-masking collator), the
+steps in `train.loop`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from unmask import hub
 from unmask.config import load_config
 from unmask.data.collate import MLMCollator
 from unmask.data.pretraining import PackedDataset, build_token_cache
 from unmask.errors import UsageError
+from unmask.heads import head_of
 from unmask.io import atomic_write_text
-from unmask.models import from_config, set_attn_backend
+from unmask.models import from_config, model_class, set_attn_backend
 from unmask.models.bert import init_positions_sinusoidal
 from unmask.objectives.electra import ElectraPretrainer
-from unmask.tokenizer import Tokenizer, train_tokenizer
+from unmask.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from unmask.train.checkpoint import prepare_output_dir
 from unmask.train.distributed import Distributed, init_distributed
 from unmask.train.evaluate import evaluate_electra, evaluate_mlm
 from unmask.train.loop import Evaluation, SampleOrder, TrainingArgs, train_loop
@@ -39,7 +46,9 @@ def default_cache_root() -> Path:
 class PretrainArgs(TrainingArgs):
     train_file: list[str]
     validation_file: list[str] = field(default_factory=list)
-    model_config: str = "bert-mini"  # a preset name (bert-*, modernbert-*) or a config.json
+    model_name_or_path: str | None = None  # a model directory to continue from (exclusive with model_config)
+    model_config: str | None = None  # a preset name (bert-*, modernbert-*) or a config.json; default bert-mini
+    overwrite_output_dir: bool = False  # a fresh run may write into a directory that holds another run's files
     objective: str = "mlm"  # mlm | electra
     generator_size: float = 0.25  # electra: the generator's width as a fraction of the discriminator's
     rtd_weight: float = 50.0  # electra: loss = MLM + rtd_weight x replaced-token detection
@@ -48,6 +57,7 @@ class PretrainArgs(TrainingArgs):
     vocab_size: int = 30522
     max_seq_length: int = 128
     mlm_probability: float = 0.15
+    final_mlm_probability: float | None = None  # the masking rate moves linearly to this over the steps
     whole_word_mask: bool = False
     cross_documents: bool = False
     max_eval_samples: int | None = None
@@ -56,6 +66,13 @@ class PretrainArgs(TrainingArgs):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.model_config and self.model_name_or_path:
+            raise UsageError("--model_config and --model_name_or_path exclude each other: give a preset or config "
+                             "for a new model, or a directory to continue from")
+        if not self.model_name_or_path:
+            self.model_config = self.model_config or "bert-mini"
+        if self.final_mlm_probability is not None and not 0.0 < self.final_mlm_probability < 1.0:
+            raise UsageError(f"--final_mlm_probability must be in (0, 1), got {self.final_mlm_probability}")
         if self.max_steps < 1:
             raise UsageError(f"--max_steps must be at least 1, got {self.max_steps}")
         if not 0.0 < self.mlm_probability < 1.0:
@@ -67,6 +84,17 @@ class PretrainArgs(TrainingArgs):
 
 
 def prepare_tokenizer(args: PretrainArgs, dist: Distributed) -> Tokenizer:
+    """The checkpoint's tokenizer (`--tokenizer` may replace it only with the same vocabulary), a given one, or one
+    trained on the corpus."""
+    if args.model_name_or_path:
+        tokenizer = load_tokenizer(args.model_name_or_path, hub.read_config(args.model_name_or_path))
+        if args.tokenizer:
+            other = Tokenizer.from_pretrained(args.tokenizer)
+            if other.backend.get_vocab() != tokenizer.backend.get_vocab():
+                raise UsageError(f"--tokenizer {args.tokenizer}: its vocabulary differs from the one of "
+                                 f"{args.model_name_or_path}, whose embeddings it would misread; drop --tokenizer")
+            return other
+        return tokenizer
     if args.tokenizer:
         return Tokenizer.from_pretrained(args.tokenizer)
     tokenizer_dir = Path(args.output_dir) / "tokenizer"
@@ -75,6 +103,50 @@ def prepare_tokenizer(args: PretrainArgs, dist: Distributed) -> Tokenizer:
                         model_max_length=args.max_seq_length, show_progress=args.show_progress)
     dist.barrier()
     return Tokenizer.from_pretrained(tokenizer_dir)
+
+
+def new_model(args: PretrainArgs, tokenizer: Tokenizer):
+    """Random weights of `--model_config`, with the tokenizer's vocabulary and special ids (ModernBERT's defaults
+    belong to its own 50k vocabulary)."""
+    config = load_config(args.model_config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id,
+                         cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
+                         bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)
+    if args.objective == "electra":
+        model = ElectraPretrainer(config, args.generator_size, args.rtd_weight)
+    else:
+        model = from_config(config, "masked-lm")
+    if args.position_init == "sinusoidal":  # a resumed run loads its weights over it
+        init_positions_sinusoidal(model, config.initializer_range)  # no effect on ModernBERT (rotary positions)
+    return model
+
+
+def continued_model(path: str, objective: str, generator_size: float, rtd_weight: float, show: bool = True):
+    """The checkpoint in `path` under the head `objective` needs: its MLM head kept exactly when it has one, else
+    a new one made as `transformers` makes it (decoder tied to the word embeddings); for ELECTRA, its encoder as the
+    discriminator and a new generator. Says what was loaded and what was created."""
+    config = hub.read_config(path)
+    found = (config.architectures or [f"{config.model_type} encoder"])[0]
+    if objective == "electra":
+        model = ElectraPretrainer(config, generator_size, rtd_weight)
+        hub.load_weights(model.discriminator, hub.read_weights(Path(path)), str(path))
+        created = "a generator and a replaced-token detection head"
+    else:
+        model, new_keys = hub.load_pretrained(model_class(config.model_type, "masked-lm"), path, config)
+        created = _describe_new(new_keys)
+    model.train()
+    if show:
+        head = head_of(config.architectures)
+        print(f"pretrain: starting from {path} ({found}, a {head} directory): its encoder"
+              f"{' and MLM head' if head == 'masked-lm' and objective == 'mlm' else ''} loaded; "
+              f"created new: {created}", file=sys.stderr, flush=True)
+    return model
+
+
+def _describe_new(new_keys: list[str]) -> str:
+    if not new_keys:
+        return "nothing"
+    modules = sorted({key.rpartition(".")[0] for key in new_keys})
+    return f"{', '.join(modules)} (the MLM head, decoder tied to the word embeddings)"
 
 
 def packed(files: list[str], tokenizer, args: PretrainArgs, dist: Distributed, cross_documents: bool = False):
@@ -91,21 +163,20 @@ def pretrain(args: PretrainArgs) -> dict:
     """Pretrain with `args.objective`; returns the final metrics. The model is exported to `args.output_dir`."""
     dist = init_distributed()
     torch.manual_seed(args.seed)
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    if dist.is_main:
+        prepare_output_dir(Path(args.output_dir), resuming=bool(args.resume_from_checkpoint),
+                           overwrite=args.overwrite_output_dir)
+    dist.barrier()
     tokenizer = prepare_tokenizer(args, dist)
-    # the special ids are the tokenizer's (ModernBERT's defaults belong to its own 50k vocabulary)
-    config = load_config(args.model_config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id,
-                         cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
-                         bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)
-    if args.max_seq_length > config.max_position_embeddings:
-        raise UsageError(f"--max_seq_length {args.max_seq_length} exceeds the model's max_position_embeddings "
-                         f"{config.max_position_embeddings}")
-    if args.objective == "electra":
-        model = ElectraPretrainer(config, args.generator_size, args.rtd_weight)
+    if args.model_name_or_path:
+        model = continued_model(args.model_name_or_path, args.objective, args.generator_size, args.rtd_weight,
+                                show=dist.is_main)
     else:
-        model = from_config(config, "masked-lm")
-    if args.position_init == "sinusoidal":  # a resumed run loads its weights over it
-        init_positions_sinusoidal(model, config.initializer_range)  # no effect on ModernBERT (rotary positions)
+        model = new_model(args, tokenizer)
+    context = model.config.max_position_embeddings
+    if args.max_seq_length > context:
+        raise UsageError(f"--max_seq_length {args.max_seq_length} exceeds the model's max_position_embeddings "
+                         f"{context}")
     set_attn_backend(model, args.attn_backend)
     train_data = packed(args.train_file, tokenizer, args, dist, args.cross_documents)
     valid_data = packed(args.validation_file, tokenizer, args, dist) if args.validation_file else None
@@ -116,6 +187,7 @@ def pretrain(args: PretrainArgs) -> dict:
         atomic_write_text(Path(args.output_dir) / "pretrain_args.json", json.dumps(asdict(args), indent=2) + "\n")
 
     def make_batch(step: int, size: int) -> dict[str, torch.Tensor]:
+        collate.mlm_probability = masking_rate(args, step)
         return collate([train_data[i] for i in order.take(step * size, size)])
 
     def evaluate() -> dict:
@@ -127,3 +199,12 @@ def pretrain(args: PretrainArgs) -> dict:
     sparse = {} if args.objective == "electra" else {"sparse_prediction": True}
     return train_loop(model, tokenizer, args, make_batch, dist, evaluation=Evaluation(evaluate) if valid_data else None,
                       generators=(collate.generator,), model_kwargs=sparse)
+
+
+def masking_rate(args: PretrainArgs, step: int) -> float:
+    """`--mlm_probability`, moving linearly to `--final_mlm_probability` over the steps when that is given (a high
+    rate early, as ModernBERT and mmBERT schedule it). A function of the step alone, so a resumed run masks alike."""
+    if args.final_mlm_probability is None:
+        return args.mlm_probability
+    progress = min(1.0, step / max(1, args.max_steps - 1))
+    return args.mlm_probability + (args.final_mlm_probability - args.mlm_probability) * progress
