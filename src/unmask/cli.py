@@ -67,6 +67,8 @@ _HELP = {
                           "or classifier directory (its tokenizer too); a head it lacks is created new",
     "overwrite_output_dir": "start a new run in an --output_dir that holds files (its checkpoints, metrics and "
                             "trained tokenizer are removed first); without it such a directory is refused",
+    "extend_vocab": "with --model_name_or_path: add up to N WordPiece pieces of the corpus that the vocabulary "
+                    "lacks (new rows: the mean of their old pieces' embeddings)",
     "final_mlm_probability": "move the masking rate linearly from --mlm_probability to this over the steps",
     "lr_scheduler_type": "after warmup: linear, cosine, constant, or warmup_stable_decay (the peak held, then a "
                          "linear decay over the last --decay_ratio of the steps)",

@@ -186,15 +186,8 @@ def train_tokenizer(files: Sequence[str | Path], vocab_size: int = 30522, *, low
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise UsageError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
-    backend = bert_wordpiece_backend(lowercase)
-    pieces = _continuing_pieces(iter_lines(files, text_field), backend)
-    if not pieces:
-        raise DataError(f"no text found in {[str(f) for f in files]}")
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                        special_tokens=[*SPECIAL_TOKENS, *pieces], continuing_subword_prefix="##",
-                                        show_progress=show_progress)
-    backend.train_from_iterator(_batches(iter_lines(files, text_field)), trainer=trainer)
-    vocab = backend.get_vocab(with_added_tokens=True)
+    vocab = train_wordpiece(files, vocab_size, bert_wordpiece_backend(lowercase), min_frequency=min_frequency,
+                            text_field=text_field, show_progress=show_progress)
     tokenizer = Tokenizer(_wordpiece_backend(vocab, lowercase), dict(zip(_ROLES, SPECIAL_TOKENS)),
                           model_max_length=model_max_length, lowercase=lowercase)
     if output_dir is not None:
@@ -202,12 +195,29 @@ def train_tokenizer(files: Sequence[str | Path], vocab_size: int = 30522, *, low
     return tokenizer
 
 
+def train_wordpiece(files: Sequence[str | Path], vocab_size: int, like: BackendTokenizer, *, min_frequency: int = 2,
+                    text_field: str = "text", show_progress: bool = False) -> dict[str, int]:
+    """A WordPiece vocabulary (token -> id, the special tokens first) trained on the files with the normaliser and
+    pre-tokenizer of `like`; the same one run after run (see `train_tokenizer`)."""
+    backend = BackendTokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    backend.normalizer, backend.pre_tokenizer = like.normalizer, like.pre_tokenizer
+    pieces = _continuing_pieces(iter_lines(files, text_field), backend)
+    if not pieces:
+        raise DataError(f"no text found in {[str(f) for f in files]}")
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                        special_tokens=[*SPECIAL_TOKENS, *pieces], continuing_subword_prefix="##",
+                                        show_progress=show_progress)
+    backend.train_from_iterator(_batches(iter_lines(files, text_field)), trainer=trainer)
+    return backend.get_vocab(with_added_tokens=True)
+
+
 def _continuing_pieces(lines: Iterable[str], backend: BackendTokenizer) -> list[str]:
     """`##c` for every character c the normaliser can output on these lines, sorted."""
     raw: set[str] = set()
     for line in lines:
         raw.update(line)
-    normalised = {c for r in raw for c in backend.normalizer.normalize_str(r) if not c.isspace()}
+    normalise = backend.normalizer.normalize_str if backend.normalizer is not None else str
+    normalised = {c for r in raw for c in normalise(r) if not c.isspace()}
     return [f"##{c}" for c in sorted(normalised)]
 
 

@@ -155,6 +155,7 @@ def test_gradient_accumulation_makes_the_same_update(setup):
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
+@pytest.mark.slow  # a minute of compilation
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="torch.compile on CPU needs a C compiler")
 def test_torch_compile_makes_the_same_updates(setup, tmp_path, monkeypatch):
     """--torch_compile changes how the step runs, not what it computes (no dropout: the same function)."""

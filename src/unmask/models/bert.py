@@ -299,6 +299,23 @@ class BertForMaskedLM(HubMixin, nn.Module):
         if self.config.tie_word_embeddings:
             self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.bert.embeddings.word_embeddings
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.cls.predictions.decoder
+
+    def set_vocabulary(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        """A new word-embedding table (V', H) and decoder bias (V',): a vocabulary grown or shrunk."""
+        self.bert.embeddings.word_embeddings = nn.Embedding.from_pretrained(
+            weight, freeze=False, padding_idx=self.config.pad_token_id)
+        self.cls.predictions.bias = nn.Parameter(bias)
+        self.cls.predictions.decoder = nn.Linear(self.config.hidden_size, len(bias))
+        self.cls.predictions.decoder.bias = self.cls.predictions.bias
+        self.config.vocab_size = len(bias)
+        self.config.tie_word_embeddings = True
+        self.tie_weights()
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 sparse_prediction: bool = False) -> MaskedLMOutput:

@@ -253,6 +253,23 @@ class ModernBertForMaskedLM(_WithEncoder):
         if self.config.tie_word_embeddings:
             self.decoder.weight = self.model.embeddings.tok_embeddings.weight
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embeddings.tok_embeddings
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.decoder
+
+    def set_vocabulary(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        """A new word-embedding table (V', H) and decoder bias (V',): a vocabulary grown or shrunk."""
+        self.model.embeddings.tok_embeddings = nn.Embedding.from_pretrained(
+            weight, freeze=False, padding_idx=self.config.pad_token_id)
+        self.decoder = nn.Linear(self.config.hidden_size, len(bias), bias=self.config.decoder_bias)
+        if self.config.decoder_bias:
+            self.decoder.bias = nn.Parameter(bias)
+        self.config.vocab_size = len(bias)
+        self.config.tie_word_embeddings = True
+        self.tie_weights()
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 sparse_prediction: bool = False) -> MaskedLMOutput:

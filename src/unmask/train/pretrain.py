@@ -33,6 +33,7 @@ from unmask.train.checkpoint import prepare_output_dir
 from unmask.train.distributed import Distributed, init_distributed
 from unmask.train.evaluate import evaluate_electra, evaluate_mlm
 from unmask.train.loop import Evaluation, SampleOrder, TrainingArgs, train_loop
+from unmask.train.vocabulary import extend_vocabulary
 
 OBJECTIVES = ("mlm", "electra")
 POSITION_INITS = ("sinusoidal", "normal")
@@ -49,6 +50,7 @@ class PretrainArgs(TrainingArgs):
     model_name_or_path: str | None = None  # a model directory to continue from (exclusive with model_config)
     model_config: str | None = None  # a preset name (bert-*, modernbert-*) or a config.json; default bert-mini
     overwrite_output_dir: bool = False  # a fresh run may write into a directory that holds another run's files
+    extend_vocab: int | None = None  # with model_name_or_path: add up to this many of the corpus's WordPiece pieces
     objective: str = "mlm"  # mlm | electra
     generator_size: float = 0.25  # electra: the generator's width as a fraction of the discriminator's
     rtd_weight: float = 50.0  # electra: loss = MLM + rtd_weight x replaced-token detection
@@ -71,6 +73,9 @@ class PretrainArgs(TrainingArgs):
                              "for a new model, or a directory to continue from")
         if not self.model_name_or_path:
             self.model_config = self.model_config or "bert-mini"
+        if self.extend_vocab is not None and (not self.model_name_or_path or self.objective != "mlm"):
+            raise UsageError("--extend_vocab extends the vocabulary of a checkpoint: it needs --model_name_or_path "
+                             "and the mlm objective")
         if self.final_mlm_probability is not None and not 0.0 < self.final_mlm_probability < 1.0:
             raise UsageError(f"--final_mlm_probability must be in (0, 1), got {self.final_mlm_probability}")
         if self.max_steps < 1:
@@ -142,6 +147,16 @@ def continued_model(path: str, objective: str, generator_size: float, rtd_weight
     return model
 
 
+def extend(model, tokenizer: Tokenizer, args: PretrainArgs, show: bool) -> Tokenizer:
+    """`--extend_vocab`: the corpus's missing pieces added to the tokenizer and the model (train/vocabulary.py)."""
+    tokenizer, pieces = extend_vocabulary(model, tokenizer, args.train_file, args.extend_vocab, args.text_field)
+    if show:
+        shown = ", ".join(pieces[:8]) + (" ..." if len(pieces) > 8 else "")
+        print(f"pretrain: --extend_vocab added {len(pieces)} pieces of the corpus ({shown}); the embedding table has "
+              f"{model.config.vocab_size} rows", file=sys.stderr, flush=True)
+    return tokenizer
+
+
 def _describe_new(new_keys: list[str]) -> str:
     if not new_keys:
         return "nothing"
@@ -171,6 +186,8 @@ def pretrain(args: PretrainArgs) -> dict:
     if args.model_name_or_path:
         model = continued_model(args.model_name_or_path, args.objective, args.generator_size, args.rtd_weight,
                                 show=dist.is_main)
+        if args.extend_vocab:
+            tokenizer = extend(model, tokenizer, args, show=dist.is_main)
     else:
         model = new_model(args, tokenizer)
     context = model.config.max_position_embeddings
