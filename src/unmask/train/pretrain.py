@@ -141,7 +141,7 @@ def continued_model(path: str, objective: str, generator_size: float, rtd_weight
     model.train()
     if show:
         head = head_of(config.architectures)
-        print(f"pretrain: starting from {path} ({found}, a {head} directory): its encoder"
+        print(f"pretrain: starting from {path} ({found}: {head}): its encoder"
               f"{' and MLM head' if head == 'masked-lm' and objective == 'mlm' else ''} loaded; "
               f"created new: {created}", file=sys.stderr, flush=True)
     return model

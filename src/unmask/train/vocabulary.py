@@ -1,8 +1,8 @@
 """`--extend_vocab N`: add to a checkpoint's WordPiece vocabulary the pieces a domain corpus needs.
 
 A WordPiece vocabulary is trained on the corpus with the checkpoint tokenizer's own normaliser and pre-tokenizer;
-its most frequent pieces that the checkpoint lacks (up to N) are appended after the existing ids, so every old piece
-keeps its id and its embedding. Each new row starts as the mean of the embeddings (and decoder biases) of the pieces
+of its pieces that the checkpoint lacks, the N it uses most often on the corpus are appended after the existing ids,
+so every old piece keeps its id and its embedding. Each new row starts as the mean of the embeddings (and decoder biases) of the pieces
 the old tokenizer splits the new piece into, the table is padded to a multiple of 64 rows with the mean of all old
 rows, and the decoder stays tied to it. The extended tokenizer is the old one with a longer vocabulary, so
 `transformers.AutoTokenizer` reads it as it read the old one.
@@ -10,26 +10,38 @@ rows, and the decoder stays tied to it. The extended tokenizer is the old one wi
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from collections import Counter
 
 import torch
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models as tokenizer_models
 
+from unmask.data.sources import iter_lines
 from unmask.errors import UsageError
 from unmask.tokenizer import SPECIAL_TOKENS, Tokenizer, train_wordpiece
 
 ROW_MULTIPLE = 64  # embedding rows a multiple of this: matrix products run on whole tiles
+SAMPLE_LINES = 200_000  # lines of the corpus on which the candidate pieces' uses are counted
 
 
 def new_pieces(tokenizer: Tokenizer, files: list[str], count: int, text_field: str = "text") -> list[str]:
-    """Up to `count` pieces of a WordPiece vocabulary trained on `files` that `tokenizer` lacks, most frequent
-    first (the trainer numbers merges in the order it makes them)."""
+    """Up to `count` pieces that `tokenizer` lacks, the ones a WordPiece vocabulary trained on `files` uses most
+    often on them (counted over the first `SAMPLE_LINES` lines): a piece that only served the trainer as a step
+    towards longer ones, or that the corpus seldom needs, comes last."""
     old = tokenizer.backend.get_vocab()
     trained = train_wordpiece(files, len(old) + count, tokenizer.backend, text_field=text_field)
-    ordered = sorted(trained, key=trained.__getitem__)
-    return [piece for piece in ordered if piece not in old and piece not in SPECIAL_TOKENS][:count]
+    domain = BackendTokenizer(tokenizer_models.WordPiece(trained, unk_token="[UNK]", continuing_subword_prefix="##"))
+    domain.normalizer, domain.pre_tokenizer = tokenizer.backend.normalizer, tokenizer.backend.pre_tokenizer
+    uses = Counter()
+    lines = itertools.islice(iter_lines(files, text_field), SAMPLE_LINES)
+    while batch := list(itertools.islice(lines, 4096)):
+        for encoding in domain.encode_batch(batch, add_special_tokens=False):
+            uses.update(encoding.tokens)
+    missing = [p for p in trained if p not in old and p not in SPECIAL_TOKENS and uses[p] > 0]
+    return sorted(missing, key=lambda p: (-uses[p], trained[p]))[:count]
 
 
 def extended_tokenizer(tokenizer: Tokenizer, pieces: list[str]) -> Tokenizer:
