@@ -28,3 +28,37 @@ def test_cache_is_built_once_and_sequences_are_cls_body_sep(tmp_path, tokenizer,
     enc = tokenizer.encode_batch([corpus_lines[0]], add_special_tokens=False)[0]
     # word ids follow the tokenizer's words (0-based within the sequence)
     assert first["word_ids"][1:-1] == [w - enc.word_ids[0] for w in enc.word_ids[:6]]
+
+
+def test_a_long_line_is_cut_at_spaces_into_the_same_tokens(tmp_path, tokenizer, corpus_lines, monkeypatch):
+    import unmask.data.pretraining as pretraining
+
+    monkeypatch.setattr(pretraining, "_LINE_CHARS", 500)  # cut a ~25k-character line into ~50 pieces
+    line = " ".join(corpus_lines[:400])
+    (tmp_path / "one_line.txt").write_text(line)
+    cache = build_token_cache([tmp_path / "one_line.txt"], tokenizer, tmp_path / "cache", show_progress=False)
+    data = PackedDataset.from_cache(cache, tokenizer, max_seq_length=1 << 16)
+    whole = tokenizer.encode_batch([line], add_special_tokens=False)[0]
+    assert data[0]["input_ids"][1:-1] == whole.ids
+    assert data[0]["word_ids"][1:-1] == [w - whole.word_ids[0] for w in whole.word_ids]
+
+
+def test_building_a_cache_holds_a_bounded_amount_of_memory(tmp_path, tokenizer_dir):
+    """An 8 MB single line: tokenized piece by piece and written as it goes, the build's peak memory stays far
+    below what holding its tokens as Python lists took (~1.1 GB before; BENCHMARKS.md has the 50 MB figures)."""
+    import subprocess
+    import sys
+
+    words = "the old sailor remembered a letter from Lisbon before dawn".split()
+    line = " ".join(words[i % len(words)] for i in range(1_400_000))  # ~8 MB, ~1.4M tokens
+    (tmp_path / "one_line.txt").write_text(line)
+    script = ("import resource, sys; from unmask.data.pretraining import build_token_cache; "
+              "from unmask.tokenizer import Tokenizer; t = Tokenizer.from_pretrained(sys.argv[1]); "
+              "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+              "build_token_cache([sys.argv[2]], t, sys.argv[3], show_progress=False); "
+              "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)")
+    done = subprocess.run([sys.executable, "-c", script, str(tokenizer_dir),
+                           str(tmp_path / "one_line.txt"), str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) < 300, f"the build grew the process by {done.stdout} MB"

@@ -1,8 +1,11 @@
 """Pretraining data: text tokenized once into a memory-mapped cache, then packed into `[CLS] ... [SEP]` sequences.
 
-The cache is a directory of three arrays: every token id in document order (`ids.npy`), a word-start flag per token
-(`word_starts.npy`, for whole-word masking of packed sequences) and document boundaries (`doc_offsets.npy`). It is
-keyed by a hash of the input files and the tokenizer, so a second run with the same data starts at once.
+The cache is a directory of three flat binary arrays: every token id in document order (`ids.bin`), a word-start
+flag per token (`word_starts.bin`, for whole-word masking of packed sequences) and document boundaries
+(`doc_offsets.bin`, int64), described by `meta.json`. They are appended to as the text is tokenized, batch by
+batch, and very long lines are cut at a space first, so building a cache holds a bounded amount of text and tokens
+in memory whatever the corpus's size. The cache is keyed by a hash of the input files and the tokenizer, so a
+second run with the same data starts at once.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -20,8 +24,9 @@ from tqdm.auto import tqdm
 from unmask.data.sources import expand_paths, iter_documents
 from unmask.errors import DataError, UsageError
 
-CACHE_VERSION = 1
-_LINES_PER_BATCH = 4096  # lines handed to the Rust tokenizer at once (it encodes a batch on all cores)
+CACHE_VERSION = 2
+_BATCH_CHARS = 1_000_000  # characters handed to the Rust tokenizer at once (it encodes a batch on all cores)
+_LINE_CHARS = 100_000  # a longer line is cut at a space into pieces of about this size before it is encoded
 
 
 def _cache_key(files: list[Path], tokenizer, text_field: str) -> str:
@@ -33,19 +38,48 @@ def _cache_key(files: list[Path], tokenizer, text_field: str) -> str:
     return h.hexdigest()[:16]
 
 
-def _encode_document(tokenizer, document: str) -> tuple[list[int], list[int]]:
-    """Token ids and word-start flags of one document, encoded line by line in parallel batches."""
-    ids: list[int] = []
-    starts: list[int] = []
-    lines = [line for line in document.split("\n") if line.strip()]
-    for i in range(0, len(lines), _LINES_PER_BATCH):
-        for enc in tokenizer.encode_batch(lines[i : i + _LINES_PER_BATCH], add_special_tokens=False):
-            ids.extend(enc.ids)
-            previous = None
-            for word in enc.word_ids:
-                starts.append(int(word is None or word != previous))
-                previous = word
-    return ids, starts
+def _pieces(lines: Iterable[str]) -> Iterator[str]:
+    """The non-empty lines, each longer than `_LINE_CHARS` cut at a space (BERT's pre-tokenizer splits there too, so
+    the tokens are the same)."""
+    for line in lines:
+        while len(line) > _LINE_CHARS:
+            cut = line.rfind(" ", 0, _LINE_CHARS)
+            cut = cut if cut > 0 else _LINE_CHARS
+            if line[:cut].strip():
+                yield line[:cut]
+            line = line[cut:]
+        if line.strip():
+            yield line
+
+
+def _batches(pieces: Iterable[str]) -> Iterator[list[str]]:
+    batch, size = [], 0
+    for piece in pieces:
+        batch.append(piece)
+        size += len(piece)
+        if size >= _BATCH_CHARS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _encode_document(tokenizer, document: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(token ids, word-start flags) of one document, batch by batch of its lines."""
+    for batch in _batches(_pieces(document.split("\n"))):
+        encodings = tokenizer.encode_batch(batch, add_special_tokens=False)
+        ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64)
+        starts = np.fromiter((flag for e in encodings for flag in _word_starts(e.word_ids)), dtype=np.uint8,
+                             count=len(ids))
+        yield ids, starts
+
+
+def _word_starts(word_ids: list[int | None]) -> Iterator[int]:
+    """1 where a token opens a word (or is special), 0 where it continues the previous token's word."""
+    previous = None
+    for word in word_ids:
+        yield int(word is None or word != previous)
+        previous = word
 
 
 def build_token_cache(patterns, tokenizer, cache_root: str | Path, text_field: str = "text",
@@ -58,24 +92,26 @@ def build_token_cache(patterns, tokenizer, cache_root: str | Path, text_field: s
     tmp = cache_dir.with_name(cache_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    ids: list[np.ndarray] = []
-    starts: list[np.ndarray] = []
-    offsets = [0]
-    for path in tqdm(files, desc="tokenizing", unit="file", disable=not show_progress):
-        for document in iter_documents([path], text_field):
-            doc_ids, doc_starts = _encode_document(tokenizer, document)
-            if doc_ids:
-                ids.append(np.asarray(doc_ids, dtype=np.int32))
-                starts.append(np.asarray(doc_starts, dtype=np.uint8))
-                offsets.append(offsets[-1] + len(doc_ids))
-    if offsets[-1] == 0:
+    dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+    tokens = documents = 0
+    with open(tmp / "ids.bin", "wb") as ids, open(tmp / "word_starts.bin", "wb") as starts, \
+            open(tmp / "doc_offsets.bin", "wb") as offsets:
+        offsets.write(np.int64(0).tobytes())
+        for path in tqdm(files, desc="tokenizing", unit="file", disable=not show_progress):
+            for document in iter_documents([path], text_field):
+                before = tokens
+                for doc_ids, doc_starts in _encode_document(tokenizer, document):
+                    ids.write(doc_ids.astype(dtype).tobytes())
+                    starts.write(doc_starts.tobytes())
+                    tokens += len(doc_ids)
+                if tokens > before:
+                    documents += 1
+                    offsets.write(np.int64(tokens).tobytes())
+    if tokens == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise DataError(f"no text found in {[str(f) for f in files]}")
-    dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-    np.save(tmp / "ids.npy", np.concatenate(ids).astype(dtype))
-    np.save(tmp / "word_starts.npy", np.concatenate(starts))
-    np.save(tmp / "doc_offsets.npy", np.asarray(offsets, dtype=np.int64))
-    meta = {"files": [str(f) for f in files], "tokens": offsets[-1], "documents": len(offsets) - 1}
+    meta = {"files": [str(f) for f in files], "tokens": tokens, "documents": documents,
+            "dtype": np.dtype(dtype).name}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     try:
         os.replace(tmp, cache_dir)  # atomic: a half-built cache never looks complete
@@ -114,9 +150,11 @@ class PackedDataset:
     def from_cache(cls, cache_dir: Path, tokenizer, max_seq_length: int, cross_documents: bool = False):
         if max_seq_length < 3:
             raise UsageError(f"max_seq_length must leave room for [CLS] and [SEP], got {max_seq_length}")
-        offsets = np.load(cache_dir / "doc_offsets.npy")
-        return cls(np.load(cache_dir / "ids.npy", mmap_mode="r"), np.load(cache_dir / "word_starts.npy", mmap_mode="r"),
-                   pack_spans(offsets, max_seq_length - 2, cross_documents), tokenizer.cls_token_id,
+        meta = json.loads((cache_dir / "meta.json").read_text())
+        offsets = np.fromfile(cache_dir / "doc_offsets.bin", dtype=np.int64)
+        ids = np.memmap(cache_dir / "ids.bin", dtype=meta["dtype"], mode="r")
+        word_starts = np.memmap(cache_dir / "word_starts.bin", dtype=np.uint8, mode="r")
+        return cls(ids, word_starts, pack_spans(offsets, max_seq_length - 2, cross_documents), tokenizer.cls_token_id,
                    tokenizer.sep_token_id)
 
     def __len__(self) -> int:
