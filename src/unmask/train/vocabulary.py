@@ -2,10 +2,10 @@
 
 A WordPiece vocabulary is trained on the corpus with the checkpoint tokenizer's own normaliser and pre-tokenizer;
 of its pieces that the checkpoint lacks, the N it uses most often on the corpus are appended after the existing ids,
-so every old piece keeps its id and its embedding. Each new row starts as the mean of the embeddings (and decoder biases) of the pieces
-the old tokenizer splits the new piece into, the table is padded to a multiple of 64 rows with the mean of all old
-rows, and the decoder stays tied to it. The extended tokenizer is the old one with a longer vocabulary, so
-`transformers.AutoTokenizer` reads it as it read the old one.
+so every old piece keeps its id and its embedding. Each new row starts as the mean of the embeddings (and decoder
+biases) of the pieces the old tokenizer splits the new piece into, the table is padded to a multiple of 64 rows
+with the mean of all old rows, and the decoder stays tied to it. The extended tokenizer is the old one with a
+longer vocabulary, so `transformers.AutoTokenizer` reads it as it read the old one.
 """
 
 from __future__ import annotations
