@@ -3,8 +3,8 @@
 The cache is a directory of three flat binary arrays: every token id in document order (`ids.bin`), a word-start
 flag per token (`word_starts.bin`, for whole-word masking of packed sequences) and document boundaries
 (`doc_offsets.bin`, int64), described by `meta.json`. They are appended to as the text is tokenized, batch by
-batch, and very long lines are cut at a space first, so building a cache holds a bounded amount of text and tokens
-in memory whatever the corpus's size. The cache is keyed by a hash of the input files and the tokenizer, so a
+batch, as the files are read line by line, and very long lines are cut at a space first, so building a cache holds
+a bounded amount of text and tokens in memory whatever the size of the corpus or of one of its files. The cache is keyed by a hash of the input files and the tokenizer, so a
 second run with the same data starts at once.
 """
 
@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from unmask.data.sources import expand_paths, iter_documents
+from unmask.data.sources import expand_paths, iter_document_lines
 from unmask.errors import DataError, UsageError
 
 CACHE_VERSION = 2
@@ -64,9 +64,9 @@ def _batches(pieces: Iterable[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def _encode_document(tokenizer, document: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _encode_document(tokenizer, lines: Iterable[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(token ids, word-start flags) of one document, batch by batch of its lines."""
-    for batch in _batches(_pieces(document.split("\n"))):
+    for batch in _batches(_pieces(lines)):
         encodings = tokenizer.encode_batch(batch, add_special_tokens=False)
         ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64)
         starts = np.fromiter((flag for e in encodings for flag in _word_starts(e.word_ids)), dtype=np.uint8,
@@ -98,9 +98,9 @@ def build_token_cache(patterns, tokenizer, cache_root: str | Path, text_field: s
             open(tmp / "doc_offsets.bin", "wb") as offsets:
         offsets.write(np.int64(0).tobytes())
         for path in tqdm(files, desc="tokenizing", unit="file", disable=not show_progress):
-            for document in iter_documents([path], text_field):
+            for lines in iter_document_lines([path], text_field):
                 before = tokens
-                for doc_ids, doc_starts in _encode_document(tokenizer, document):
+                for doc_ids, doc_starts in _encode_document(tokenizer, lines):
                     ids.write(doc_ids.astype(dtype).tobytes())
                     starts.write(doc_starts.tobytes())
                     tokens += len(doc_ids)

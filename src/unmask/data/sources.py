@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import itertools
 import json
 import re
 from pathlib import Path
@@ -25,6 +26,8 @@ _GUTENBERG_END = re.compile(r"^\*\*\* ?END OF .*$", re.MULTILINE)
 
 
 _ARROW_BATCH = 1024  # rows read at once from a Parquet or Arrow file
+_READ_BYTES = 1 << 20  # bytes read at once from a text file
+_GUTENBERG_HEAD = 1000  # lines of a text file searched for Project Gutenberg's START marker
 
 
 def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
@@ -70,37 +73,10 @@ def strip_gutenberg(text: str) -> str:
     return text[start.end() : end.start() if end else len(text)].strip("\n")
 
 
-def _read_bytes(path: Path) -> bytes:
-    if path.name.endswith(".zst"):
-        import pyarrow as pa
-
-        try:
-            with pa.CompressedInputStream(pa.OSFile(str(path)), "zstd") as f:
-                return f.read()
-        except (OSError, pa.ArrowException) as e:
-            raise DataError(f"{path}: cannot be read as zstandard ({e})") from e
-    opener = gzip.open if path.name.endswith(".gz") else open
-    try:
-        with opener(path, "rb") as f:
-            return f.read()
-    except (OSError, EOFError) as e:  # a truncated or non-gzip file behind a .gz name
-        raise DataError(f"{path}: cannot be read ({e})") from e
-
-
 def read_text(path: str | Path) -> str:
-    """A whole file as text: gzip or zstandard undone, UTF-8 checked (a clear error naming the byte), BOM and CR
-    removed."""
-    path = Path(path)
-    raw = _read_bytes(path)
-    try:
-        # utf-8-sig drops the byte-order mark some Gutenberg files start with
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise DataError(
-            f"{path}: not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}); convert it first, "
-            f"e.g. iconv -f latin1 -t utf-8"
-        ) from e
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    """A whole (small) file as text: gzip or zstandard undone, UTF-8 checked (a clear error naming the byte), BOM
+    and CR removed. Training text is streamed instead (`iter_document_lines`)."""
+    return "\n".join(_text_lines(Path(path)))
 
 
 def _format(path: Path) -> str:
@@ -159,8 +135,8 @@ def _table_documents(path: Path, text_field: str) -> Iterator[str]:
         raise DataError(f"{path}: not a readable {path.suffix[1:]} file, damaged {where} ({e})") from e
 
 
-def _jsonl_documents(path: Path, text: str, text_field: str) -> Iterator[str]:
-    for line_number, line in enumerate(text.split("\n"), start=1):
+def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
+    for line_number, line in enumerate(_text_lines(path), start=1):
         if not line.strip():
             continue
         try:
@@ -177,25 +153,88 @@ def _jsonl_documents(path: Path, text: str, text_field: str) -> Iterator[str]:
 
 
 def iter_documents(paths: Iterable[str | Path], text_field: str = "text") -> Iterator[str]:
-    """Yield the documents of every file in order: a `.txt` file is one document, a `.jsonl` line or a table row
-    is one."""
+    """Yield the documents of every file in order, each as one string: a `.txt` file is one document, a `.jsonl`
+    line or a table row is one (`iter_document_lines` streams them instead)."""
+    for lines in iter_document_lines(paths, text_field):
+        text = "\n".join(lines)
+        if text.strip():
+            yield text
+
+
+def iter_document_lines(paths: Iterable[str | Path], text_field: str = "text") -> Iterator[Iterator[str]]:
+    """Every document of every file in order, as an iterator over its lines, read from disk as it is consumed: a
+    book in a `.txt` file is never held whole (consume each document before asking for the next)."""
     for path in expand_paths(paths):
         kind = _format(path)
         if kind == "table":
-            yield from _table_documents(path, text_field)
-            continue
-        text = read_text(path)
-        if kind == "jsonl":
-            yield from _jsonl_documents(path, text, text_field)
+            yield from (iter(value.split("\n")) for value in _table_documents(path, text_field))
+        elif kind == "jsonl":
+            yield from (iter(value.split("\n")) for value in _jsonl_documents(path, text_field))
         else:
-            body = strip_gutenberg(text)
-            if body.strip():
-                yield body
+            yield _book_lines(path)
 
 
 def iter_lines(paths: Iterable[str | Path], text_field: str = "text") -> Iterator[str]:
     """Non-empty lines of every document (what a tokenizer trainer wants to see)."""
-    for document in iter_documents(paths, text_field):
-        for line in document.split("\n"):
+    for lines in iter_document_lines(paths, text_field):
+        for line in lines:
             if line.strip():
                 yield line
+
+
+def _book_lines(path: Path) -> Iterator[str]:
+    """The lines of a text file, without Project Gutenberg's header and licence when its first lines hold a START
+    marker (as `strip_gutenberg` does for a whole text)."""
+    lines = _text_lines(path)
+    head = list(itertools.islice(lines, _GUTENBERG_HEAD))
+    start = next((i for i, line in enumerate(head) if _GUTENBERG_START.match(line)), None)
+    if start is None:
+        yield from itertools.chain(head, lines)
+        return
+    for line in itertools.chain(head[start + 1 :], lines):
+        if _GUTENBERG_END.match(line):
+            return
+        yield line
+
+
+def _text_lines(path: Path) -> Iterator[str]:
+    """A text file's lines, decoded as they are read: UTF-8 checked (a clear error naming the byte), BOM and CR
+    removed."""
+    for offset, raw in _raw_lines(path):
+        if offset == 0 and raw.startswith(b"\xef\xbb\xbf"):
+            raw, offset = raw[3:], 3
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not valid UTF-8 (byte {offset + e.start}: {raw[e.start:e.start + 1]!r}); "
+                            "convert it first, e.g. iconv -f latin1 -t utf-8") from e
+        yield from line.removesuffix("\r").split("\r")
+
+
+def _raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, line without its newline) of a plain, gzip or zstandard file, read a megabyte at a time."""
+    offset, rest = 0, []
+    try:
+        with _open_binary(path) as f:
+            while chunk := f.read(_READ_BYTES):
+                *lines, last = chunk.split(b"\n")
+                if lines:
+                    lines[0] = b"".join([*rest, lines[0]])
+                    rest = []
+                    for line in lines:
+                        yield offset, line
+                        offset += len(line) + 1
+                rest.append(last)
+    except (OSError, EOFError) as e:  # a truncated or non-gzip file behind a .gz name
+        raise DataError(f"{path}: cannot be read ({e})") from e
+    last = b"".join(rest)
+    if last:
+        yield offset, last
+
+
+def _open_binary(path: Path):
+    if path.name.endswith(".zst"):
+        import pyarrow as pa
+
+        return pa.input_stream(str(path), compression="zstd")
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
