@@ -151,6 +151,10 @@ def test_bad_starting_points_are_clear_errors(start_dirs, root, corpus_file, tmp
     with pytest.raises(UsageError, match="exclude each other"):
         args_for(root, corpus_file, tmp_path / "a", model_name_or_path=str(start_dirs["unmask-mlm"]),
                  model_config="bert-tiny")
+    for flag, value in (("vocab_size", 1000), ("position_init", "normal")):
+        with pytest.raises(UsageError, match=f"--{flag} describes a new model"):
+            args_for(root, corpus_file, tmp_path / "a", model_name_or_path=str(start_dirs["unmask-mlm"]),
+                     **{flag: value})
     with pytest.raises(CheckpointError, match="config.json: missing"):
         pretrain(args_for(root, corpus_file, tmp_path / "b", model_name_or_path=str(tokenizer_dir)))
     small = BertForMaskedLM(BertConfig(**TINY, vocab_size=100)).save_pretrained(tmp_path / "small")

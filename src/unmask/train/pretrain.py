@@ -54,9 +54,9 @@ class PretrainArgs(TrainingArgs):
     objective: str = "mlm"  # mlm | electra
     generator_size: float = 0.25  # electra: the generator's width as a fraction of the discriminator's
     rtd_weight: float = 50.0  # electra: loss = MLM + rtd_weight x replaced-token detection
-    position_init: str = "sinusoidal"  # BERT's learned positions start from: sinusoidal | normal (HF's noise)
+    position_init: str | None = None  # a new BERT's learned positions start from: sinusoidal (default) | normal
     tokenizer: str | None = None  # an HF tokenizer directory; None trains one with vocab_size
-    vocab_size: int = 30522
+    vocab_size: int | None = None  # the tokenizer trained when none is given (default 30522)
     max_seq_length: int = 128
     mlm_probability: float = 0.15
     final_mlm_probability: float | None = None  # the masking rate moves linearly to this over the steps
@@ -71,8 +71,15 @@ class PretrainArgs(TrainingArgs):
         if self.model_config and self.model_name_or_path:
             raise UsageError("--model_config and --model_name_or_path exclude each other: give a preset or config "
                              "for a new model, or a directory to continue from")
-        if not self.model_name_or_path:
+        if self.model_name_or_path:
+            for name in ("vocab_size", "position_init"):  # what only a new model or a new tokenizer uses
+                if getattr(self, name) is not None:
+                    raise UsageError(f"--{name} describes a new model; the one in --model_name_or_path has its own "
+                                     "(--extend_vocab grows its vocabulary)")
+        else:
             self.model_config = self.model_config or "bert-mini"
+            self.position_init = "sinusoidal" if self.position_init is None else self.position_init
+            self.vocab_size = 30522 if self.vocab_size is None else self.vocab_size
         if self.extend_vocab is not None and (not self.model_name_or_path or self.objective != "mlm"):
             raise UsageError("--extend_vocab extends the vocabulary of a checkpoint: it needs --model_name_or_path "
                              "and the mlm objective")
@@ -84,7 +91,7 @@ class PretrainArgs(TrainingArgs):
             raise UsageError(f"--mlm_probability must be in (0, 1), got {self.mlm_probability}")
         if self.objective not in OBJECTIVES:
             raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        if self.position_init not in POSITION_INITS:
+        if self.position_init not in (*POSITION_INITS, None):
             raise UsageError(f"--position_init must be one of {', '.join(POSITION_INITS)}, got {self.position_init!r}")
 
 
