@@ -56,8 +56,8 @@ def embeddings(model_dir: str, texts: list[str], rounds: int) -> dict:
     """fp32 at equal outputs, and our opt-in int8 mode (its accuracy cost: STS-B dev Spearman, when present)."""
     from sentence_transformers import SentenceTransformer
 
+    from unmask.models import cpu_has_fast_bf16
     from unmask.pipelines.embed import SentenceEncoder
-    from unmask.runtime import cpu_has_fast_bf16
 
     ours = SentenceEncoder.from_pretrained(model_dir)
     int8 = SentenceEncoder.from_pretrained(model_dir, int8=True)
@@ -150,9 +150,8 @@ def latency(rounds: int) -> dict:
     import transformers
 
     from unmask.config import load_config
-    from unmask.models import for_inference
+    from unmask.models import cpu_has_fast_bf16, for_inference
     from unmask.models.bert import BertModel
-    from unmask.runtime import cpu_has_fast_bf16
 
     config = load_config("bert-base")
     torch.manual_seed(0)

@@ -40,7 +40,7 @@ def measure_peak(precision: str, device: str = "cpu", repeats: int = 3) -> float
     """GFLOP/s of a large square matrix product in `precision` (torch's default path on `device`)."""
     import torch
 
-    from unmask.runtime import cpu_has_fast_bf16
+    from unmask.models import cpu_has_fast_bf16
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     n = 8192 if device == "cuda" else (4096 if precision == "fp32" or cpu_has_fast_bf16() else 1024)
@@ -234,7 +234,7 @@ def main() -> None:
                                  bool(int(compile_model)))))
         return
     if args.precisions is None:
-        from unmask.runtime import cpu_has_fast_bf16
+        from unmask.models import cpu_has_fast_bf16
 
         fast = args.device == "cuda" or cpu_has_fast_bf16()
         args.precisions = ["fp32", "bf16"] if fast else ["fp32"]

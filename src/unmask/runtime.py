@@ -1,6 +1,5 @@
-"""Process-wide settings, applied once by the entry points (`unmask` commands, benchmarks), never by a library call.
-
-Keep freed memory in the process instead of handing it back to the kernel after every step.
+"""A process-wide setting, applied once by the entry points (`unmask` commands, benchmarks), never by a library call:
+keep freed memory in the process instead of handing it back to the kernel after every step.
 
 glibc serves allocations above 32 MB (the word-embedding gradient of a BERT vocabulary is larger) with a fresh mmap
 and unmaps them when freed, so every training step page-faults them in again and zero-fills them, which on the
@@ -16,9 +15,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
-import warnings
-
-import torch
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
 _done = False
@@ -37,13 +33,3 @@ def keep_freed_memory() -> bool:
     _done = bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 31))
     return _done
 
-
-def cpu_has_fast_bf16() -> bool:
-    """AVX512-BF16 or AMX: without either, CPU bf16 matrix products are emulated and far slower than fp32."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
-def warn_if_slow_bf16(enabled: bool, device: torch.device) -> None:
-    if enabled and device.type == "cpu" and not cpu_has_fast_bf16():
-        warnings.warn("bf16 on a CPU without AVX512-BF16 or AMX: bf16 matrix products are emulated here and run "
-                      "10-80x slower than fp32; use fp32 on this machine", stacklevel=3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -10,7 +11,6 @@ from unmask.errors import UsageError
 from unmask.hub import read_config
 from unmask.models import bert, modernbert
 from unmask.models.quantize import quantize_int8
-from unmask.runtime import warn_if_slow_bf16
 
 # model_type -> head (unmask.heads.HEADS) -> class
 MODEL_CLASSES = {
@@ -51,6 +51,17 @@ def for_inference(model: torch.nn.Module, int8: bool = False, bf16: bool = False
         warn_if_slow_bf16(True, next(model.parameters()).device)
         return model.to(torch.bfloat16)
     return model
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AVX512-BF16 or AMX: without either, CPU bf16 matrix products are emulated and far slower than fp32."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def warn_if_slow_bf16(enabled: bool, device: torch.device) -> None:
+    if enabled and device.type == "cpu" and not cpu_has_fast_bf16():
+        warnings.warn("bf16 on a CPU without AVX512-BF16 or AMX: bf16 matrix products are emulated here and run "
+                      "10-80x slower than fp32; use fp32 on this machine", stacklevel=3)
 
 
 def from_config(config, head: str):

@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 
 from unmask.errors import TrainingError, UsageError
 from unmask.hub import load_weights, read_weights
+from unmask.models import warn_if_slow_bf16
 from unmask.models.outputs import IGNORE_INDEX
-from unmask.runtime import warn_if_slow_bf16
 from unmask.train.checkpoint import resume_point, save_checkpoint
 from unmask.train.distributed import Distributed
 from unmask.train.metrics_log import MetricsLog, plot_loss_curve
