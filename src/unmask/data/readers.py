@@ -24,21 +24,14 @@ from unmask.errors import DataError
 def read_table(path: str | Path) -> list[dict[str, str]]:
     """Rows of a TSV / CSV (with a header) or JSONL file, as dicts of column -> value."""
     path = Path(path)
-    text = read_text(path)
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     if name.endswith((".jsonl", ".json")):
-        rows = []
-        for n, line in enumerate(text.split("\n"), start=1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{n}: not JSON ({e.msg})") from e
+        rows = _read_jsonl(path)
     else:
         delimiter = "," if name.endswith(".csv") else "\t"
         # QUOTE_NONE for TSV: SST-2 sentences contain bare quotes
         quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
-        rows = list(csv.DictReader(text.splitlines(), delimiter=delimiter, quoting=quoting))
+        rows = list(csv.DictReader(_read_lines(path), delimiter=delimiter, quoting=quoting))
     if not rows:
         raise DataError(f"{path}: no examples")
     return rows
@@ -80,12 +73,7 @@ def read_conll(path: str | Path) -> tuple[list[list[str]], list[list[str]]]:
 
 
 def _read_lines(path: Path) -> list[str]:
-    try:
-        return path.read_text(encoding="utf-8-sig").splitlines()
-    except FileNotFoundError as e:
-        raise DataError(f"{path}: no such file") from e
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid UTF-8 (byte {e.start})") from e
+    return read_text(path).split("\n")
 
 
 def read_sts(path: str | Path, sentence1_column: str | None = None, sentence2_column: str | None = None,

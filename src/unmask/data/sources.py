@@ -225,6 +225,8 @@ def _raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                         yield offset, line
                         offset += len(line) + 1
                 rest.append(last)
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: no such file") from e
     except (OSError, EOFError) as e:  # a truncated or non-gzip file behind a .gz name
         raise DataError(f"{path}: cannot be read ({e})") from e
     last = b"".join(rest)
