@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -64,14 +65,19 @@ def _batches(pieces: Iterable[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def _encode_document(tokenizer, lines: Iterable[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(token ids, word-start flags) of one document, batch by batch of its lines."""
-    for batch in _batches(_pieces(lines)):
-        encodings = tokenizer.encode_batch(batch, add_special_tokens=False)
-        ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64)
-        starts = np.fromiter((flag for e in encodings for flag in _word_starts(e.word_ids)), dtype=np.uint8,
-                             count=len(ids))
-        yield ids, starts
+def document_blocks(lines: Iterable[str]) -> Iterator[list[str]]:
+    """A document's lines in blocks of about `_BATCH_CHARS` characters, each line longer than `_LINE_CHARS` cut at
+    a space: what is encoded at once (by the cache builder and by the streaming workers)."""
+    return _batches(_pieces(lines))
+
+
+def encode_block(tokenizer, block: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, word-start flags) of one block of a document's lines."""
+    encodings = tokenizer.encode_batch(block, add_special_tokens=False)
+    ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64)
+    starts = np.fromiter((flag for e in encodings for flag in _word_starts(e.word_ids)), dtype=np.uint8,
+                         count=len(ids))
+    return ids, starts
 
 
 def _word_starts(word_ids: list[int | None]) -> Iterator[int]:
@@ -100,7 +106,7 @@ def build_token_cache(patterns, tokenizer, cache_root: str | Path, text_field: s
         for path in tqdm(files, desc="tokenizing", unit="file", disable=not show_progress):
             for lines in iter_document_lines([path], text_field):
                 before = tokens
-                for doc_ids, doc_starts in _encode_document(tokenizer, lines):
+                for doc_ids, doc_starts in map(partial(encode_block, tokenizer), document_blocks(lines)):
                     ids.write(doc_ids.astype(dtype).tobytes())
                     starts.write(doc_starts.tobytes())
                     tokens += len(doc_ids)
@@ -162,12 +168,18 @@ class PackedDataset:
 
     def __getitem__(self, index: int) -> dict[str, list[int]]:
         start, end = self.spans[index]
-        body = self.ids[start:end].astype(np.int64)
-        starts = self.word_starts[start:end].astype(np.int64)
-        starts[0] = 1  # a span may open mid-word: its first piece starts a word of its own
-        words = np.cumsum(starts) - 1
-        return {"input_ids": [self.cls_token_id, *body.tolist(), self.sep_token_id],
-                "word_ids": [-1, *words.tolist(), -1]}
+        return packed_sequence(self.ids[start:end], self.word_starts[start:end], self.cls_token_id,
+                               self.sep_token_id)
 
     def tokens(self) -> int:
         return int((self.spans[:, 1] - self.spans[:, 0]).sum() + 2 * len(self.spans))
+
+
+def packed_sequence(ids: np.ndarray, word_starts: np.ndarray, cls_token_id: int, sep_token_id: int
+                    ) -> dict[str, list[int]]:
+    """`[CLS] span [SEP]` with the word ids whole-word masking needs (-1 on the special tokens)."""
+    starts = word_starts.astype(np.int64)
+    starts[0] = 1  # a span may open mid-word: its first piece starts a word of its own
+    words = np.cumsum(starts) - 1
+    return {"input_ids": [cls_token_id, *ids.astype(np.int64).tolist(), sep_token_id],
+            "word_ids": [-1, *words.tolist(), -1]}

@@ -23,6 +23,14 @@ class Distributed:
         if self.world_size > 1:
             torch_dist.barrier()
 
+    def gather(self, value) -> list:
+        """Every rank's `value` (picklable), in rank order."""
+        if self.world_size == 1:
+            return [value]
+        values = [None] * self.world_size
+        torch_dist.all_gather_object(values, value)
+        return values
+
     def sum(self, value: float) -> float:
         if self.world_size == 1:
             return value

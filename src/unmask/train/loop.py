@@ -154,9 +154,10 @@ class Run:
     """One training run: the model, its optimizer and where it is. `train_loop` drives it step by step."""
 
     def __init__(self, model, tokenizer, args: TrainingArgs, dist: Distributed, evaluation: Evaluation | None,
-                 generators: tuple[torch.Generator, ...], model_kwargs: dict):
+                 generators: tuple[torch.Generator, ...], model_kwargs: dict, stream=None):
         self.model, self.tokenizer, self.args, self.dist = model, tokenizer, args, dist
         self.evaluation, self.generators, self.model_kwargs = evaluation, generators, model_kwargs
+        self.stream = stream
         self.output_dir = Path(args.output_dir)
         self.optimizer = make_optimizer(model, args.learning_rate, args.weight_decay, betas=(0.9, args.adam_beta2),
                                         eps=args.adam_epsilon)
@@ -187,6 +188,18 @@ class Run:
         for generator, rng in zip(self.generators, saved["generators"]):
             generator.set_state(rng)
         self.state = LoopState(**saved["loop"])
+        if self.stream is not None:
+            self.restore_stream(saved.get("streams"), checkpoint)
+
+    def restore_stream(self, positions: list[dict] | None, checkpoint: Path) -> None:
+        """This rank's data position, saved by the run's rank 0 for every rank."""
+        if positions is None:
+            raise TrainingError(f"{checkpoint} holds no stream position: it was saved by a run that did not stream "
+                                "(resume it without --streaming)")
+        if len(positions) != self.dist.world_size:
+            raise TrainingError(f"{checkpoint} was saved by {len(positions)} streaming processes: resume with as many "
+                                f"(each reads its own documents), not {self.dist.world_size}")
+        self.stream.load_state_dict(positions[self.dist.rank])
 
     def elapsed(self) -> float:
         return self.state.elapsed + time.perf_counter() - self.started
@@ -195,10 +208,13 @@ class Run:
         """Forward and backward over this rank's micro-batches of the global step; returns the step's mean loss."""
         args, dist = self.args, self.dist
         rows = args.per_device_train_batch_size
-        n_units = count_units(batch["labels"])  # over the whole global step
+        if self.stream is None:  # the batch is the whole global step
+            n_units, ranks, rank = count_units(batch["labels"]), dist.world_size, dist.rank
+        else:  # the batch is this rank's rows only
+            n_units, ranks, rank = int(dist.sum(count_units(batch["labels"]))), 1, 0
         step_loss = 0.0
         for k in range(args.gradient_accumulation_steps):
-            offset = (k * dist.world_size + dist.rank) * rows
+            offset = (k * ranks + rank) * rows
             local = to_device(batch, dist.device, slice(offset, offset + rows))
             last = k == args.gradient_accumulation_steps - 1
             with self.ddp_model.no_sync() if dist.world_size > 1 and not last else nullcontext():
@@ -259,12 +275,16 @@ class Run:
         return evaluation.patience is not None and state.bad_evals >= evaluation.patience
 
     def save(self) -> None:
-        """checkpoint-N/: the model directory, and beside it what continuing needs."""
+        """checkpoint-N/: the model directory, and beside it what continuing needs (rank 0 writes it; every rank
+        calls this, for the streams' positions)."""
+        streams = self.dist.gather(self.stream.state_dict()) if self.stream is not None else None
+        if not self.dist.is_main:
+            return
         step_rows = self.args.per_device_train_batch_size * self.dist.world_size * self.args.gradient_accumulation_steps
         saved = {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
                  "generators": [g.get_state() for g in self.generators],
                  "loop": {**dataclasses.asdict(self.state), "elapsed": self.elapsed()},
-                 "samples_seen": self.state.step * step_rows}
+                 "samples_seen": self.state.step * step_rows, "streams": streams}
         save_checkpoint(self.output_dir, self.state.step, self.model, self.tokenizer, saved,
                         keep=self.args.save_total_limit)
 
@@ -292,16 +312,19 @@ class Run:
 
 def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, int], dict[str, torch.Tensor]],
                dist: Distributed, *, evaluation: Evaluation | None = None,
-               generators: tuple[torch.Generator, ...] = (), model_kwargs: dict | None = None) -> dict:
+               generators: tuple[torch.Generator, ...] = (), model_kwargs: dict | None = None, stream=None) -> dict:
     """Train `model` and export it to `args.output_dir` (the best evaluated model when `evaluation.metric` is set).
 
     `make_batch(step, size)` returns the collated global step of `size` rows; `generators` are the random sources
     of the data side (the collator's), saved in checkpoints so a resumed run draws the same masks; `model_kwargs`
-    go to every training forward (pretraining's `sparse_prediction=True`).
+    go to every training forward (pretraining's `sparse_prediction=True`). With a `stream` (each rank reading its
+    own documents, data/streaming.py), `make_batch` returns this rank's rows only and the stream's position
+    (`state_dict` / `load_state_dict`) is saved in checkpoints and restored on resume.
     """
     warn_if_slow_bf16(args.bf16, dist.device)
-    run = Run(model, tokenizer, args, dist, evaluation, generators, model_kwargs or {})
-    step_rows = args.per_device_train_batch_size * dist.world_size * args.gradient_accumulation_steps
+    run = Run(model, tokenizer, args, dist, evaluation, generators, model_kwargs or {}, stream)
+    step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    step_rows *= dist.world_size if stream is None else 1
     progress = tqdm(total=args.max_steps, initial=run.state.step, desc="training",
                     disable=not (args.show_progress and dist.is_main))
     last_row, stop_reason = {}, "max_steps"
@@ -317,7 +340,7 @@ def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, 
         stop = False
         if evaluation is not None and args.eval_steps and step % args.eval_steps == 0 and dist.is_main:
             stop = run.evaluate()
-        if args.save_steps and step % args.save_steps == 0 and dist.is_main:
+        if args.save_steps and step % args.save_steps == 0:
             run.save()
         if dist.world_size > 1:  # every rank learns whether rank 0 stopped early
             stop = dist.sum(float(stop)) > 0

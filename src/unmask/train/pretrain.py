@@ -22,6 +22,7 @@ from unmask import hub
 from unmask.config import load_config
 from unmask.data.collate import MLMCollator
 from unmask.data.pretraining import PackedDataset, build_token_cache
+from unmask.data.streaming import TokenStream
 from unmask.errors import UsageError
 from unmask.heads import head_of
 from unmask.io import atomic_write_text
@@ -65,6 +66,10 @@ class PretrainArgs(TrainingArgs):
     max_eval_samples: int | None = None
     text_field: str = "text"
     cache_dir: str | None = None
+    streaming: bool = False  # read, tokenize and pack the training files while training, instead of a token cache
+    dataloader_num_workers: int = 1  # streaming: processes that read and tokenize (0: the training process itself)
+    shuffle_buffer_size: int = 10_000  # streaming: sequences held and drawn from at random
+    skip_bad_files: bool = False  # streaming: drop the rest of a file that cannot be read, count it and go on
 
     def __post_init__(self):
         super().__post_init__()
@@ -91,6 +96,11 @@ class PretrainArgs(TrainingArgs):
             raise UsageError(f"--mlm_probability must be in (0, 1), got {self.mlm_probability}")
         if self.objective not in OBJECTIVES:
             raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.dataloader_num_workers < 0 or self.shuffle_buffer_size < 1:
+            raise UsageError("--dataloader_num_workers cannot be negative and --shuffle_buffer_size must be at least 1")
+        if self.skip_bad_files and not self.streaming:
+            raise UsageError("--skip_bad_files applies to --streaming; the token cache is built from readable files "
+                             "only (the error names the file to fix or leave out)")
         if self.position_init not in (*POSITION_INITS, None):
             raise UsageError(f"--position_init must be one of {', '.join(POSITION_INITS)}, got {self.position_init!r}")
 
@@ -181,6 +191,24 @@ def packed(files: list[str], tokenizer, args: PretrainArgs, dist: Distributed, c
     return PackedDataset.from_cache(cache, tokenizer, args.max_seq_length, cross_documents)
 
 
+def shuffled(data: PackedDataset, seed: int):
+    """`take(step, n)`: the n sequences of a step, from a seeded permutation per epoch of the cached data (a
+    function of the step, so a resumed run reads on where it stopped)."""
+    order = SampleOrder(len(data), seed)
+    return lambda step, count: [data[i] for i in order.take(step * count, count)]
+
+
+def streamed(tokenizer, args: PretrainArgs, dist: Distributed) -> TokenStream:
+    """This rank's stream of the training files (`--streaming`, data/streaming.py)."""
+    if args.dataloader_num_workers:
+        # `tokenizers` turns its thread pool off in forked workers, and warns unless told: tell it
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return TokenStream(args.train_file, tokenizer, args.max_seq_length, text_field=args.text_field,
+                       cross_documents=args.cross_documents, rank=dist.rank, world_size=dist.world_size,
+                       seed=args.seed, workers=args.dataloader_num_workers, buffer_size=args.shuffle_buffer_size,
+                       skip_bad_files=args.skip_bad_files, show=args.show_progress)
+
+
 def pretrain(args: PretrainArgs) -> dict:
     """Pretrain with `args.objective`; returns the final metrics. The model is exported to `args.output_dir`."""
     dist = init_distributed()
@@ -202,17 +230,18 @@ def pretrain(args: PretrainArgs) -> dict:
         raise UsageError(f"--max_seq_length {args.max_seq_length} exceeds the model's max_position_embeddings "
                          f"{context}")
     set_attn_backend(model, args.attn_backend)
-    train_data = packed(args.train_file, tokenizer, args, dist, args.cross_documents)
+    stream = streamed(tokenizer, args, dist) if args.streaming else None
+    take = (lambda step, count: stream.take(count)) if stream else shuffled(packed(args.train_file, tokenizer, args, dist, args.cross_documents),
+                                               args.seed)
     valid_data = packed(args.validation_file, tokenizer, args, dist) if args.validation_file else None
     collate = MLMCollator.from_tokenizer(tokenizer, mlm_probability=args.mlm_probability,
                                          whole_word_mask=args.whole_word_mask, seed=args.seed)
-    order = SampleOrder(len(train_data), args.seed)
     if dist.is_main:
         atomic_write_text(Path(args.output_dir) / "pretrain_args.json", json.dumps(asdict(args), indent=2) + "\n")
 
     def make_batch(step: int, size: int) -> dict[str, torch.Tensor]:
         collate.mlm_probability = masking_rate(args, step)
-        return collate([train_data[i] for i in order.take(step * size, size)])
+        return collate(take(step, size))
 
     def evaluate() -> dict:
         evaluate_objective = evaluate_electra if args.objective == "electra" else evaluate_mlm
@@ -221,8 +250,13 @@ def pretrain(args: PretrainArgs) -> dict:
 
     # the MLM head predicts at the masked positions only; ELECTRA's generator does so by itself
     sparse = {} if args.objective == "electra" else {"sparse_prediction": True}
-    return train_loop(model, tokenizer, args, make_batch, dist, evaluation=Evaluation(evaluate) if valid_data else None,
-                      generators=(collate.generator,), model_kwargs=sparse)
+    try:
+        return train_loop(model, tokenizer, args, make_batch, dist,
+                          evaluation=Evaluation(evaluate) if valid_data else None, generators=(collate.generator,),
+                          model_kwargs=sparse, stream=stream)
+    finally:
+        if stream is not None:
+            stream.close()
 
 
 def masking_rate(args: PretrainArgs, step: int) -> float:
