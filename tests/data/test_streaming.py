@@ -24,7 +24,8 @@ def shards(tmp_path, corpus_lines):
     book = tmp_path / "book.txt"
     book.write_text("\n".join(corpus_lines[:150]) + "\n")
     notes = tmp_path / "notes.jsonl"
-    notes.write_text("".join(json.dumps({"text": " ".join(corpus_lines[i : i + 3])}) + "\n" for i in range(150, 300, 3)))
+    documents = [" ".join(corpus_lines[i : i + 3]) for i in range(150, 300, 3)]
+    notes.write_text("".join(json.dumps({"text": text}) + "\n" for text in documents))
     packed = tmp_path / "more.txt.gz"
     packed.write_bytes(gzip.compress(("\n".join(corpus_lines[300:]) + "\n").encode()))
     return [str(book), str(notes), str(packed)]

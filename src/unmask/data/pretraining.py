@@ -4,8 +4,8 @@ The cache is a directory of three flat binary arrays: every token id in document
 flag per token (`word_starts.bin`, for whole-word masking of packed sequences) and document boundaries
 (`doc_offsets.bin`, int64), described by `meta.json`. They are appended to as the text is tokenized, batch by
 batch, as the files are read line by line, and very long lines are cut at a space first, so building a cache holds
-a bounded amount of text and tokens in memory whatever the size of the corpus or of one of its files. The cache is keyed by a hash of the input files and the tokenizer, so a
-second run with the same data starts at once.
+a bounded amount of text and tokens in memory whatever the size of the corpus or of one of its files. The cache is
+keyed by a hash of the input files and the tokenizer, so a second run with the same data starts at once.
 """
 
 from __future__ import annotations

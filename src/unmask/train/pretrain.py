@@ -191,22 +191,23 @@ def packed(files: list[str], tokenizer, args: PretrainArgs, dist: Distributed, c
     return PackedDataset.from_cache(cache, tokenizer, args.max_seq_length, cross_documents)
 
 
-def shuffled(data: PackedDataset, seed: int):
-    """`take(step, n)`: the n sequences of a step, from a seeded permutation per epoch of the cached data (a
-    function of the step, so a resumed run reads on where it stopped)."""
-    order = SampleOrder(len(data), seed)
-    return lambda step, count: [data[i] for i in order.take(step * count, count)]
+def training_data(tokenizer, args: PretrainArgs, dist: Distributed):
+    """`take(step, n)`, the n training sequences of a step, and the stream behind it (None for the token cache).
 
-
-def streamed(tokenizer, args: PretrainArgs, dist: Distributed) -> TokenStream:
-    """This rank's stream of the training files (`--streaming`, data/streaming.py)."""
+    Cached: a seeded permutation per epoch, indexed by the step (a resumed run reads on where it stopped). Streamed
+    (`--streaming`, data/streaming.py): this rank's stream, whose position the checkpoints keep."""
+    if not args.streaming:
+        data = packed(args.train_file, tokenizer, args, dist, args.cross_documents)
+        order = SampleOrder(len(data), args.seed)
+        return (lambda step, count: [data[i] for i in order.take(step * count, count)]), None
     if args.dataloader_num_workers:
         # `tokenizers` turns its thread pool off in forked workers, and warns unless told: tell it
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return TokenStream(args.train_file, tokenizer, args.max_seq_length, text_field=args.text_field,
-                       cross_documents=args.cross_documents, rank=dist.rank, world_size=dist.world_size,
-                       seed=args.seed, workers=args.dataloader_num_workers, buffer_size=args.shuffle_buffer_size,
-                       skip_bad_files=args.skip_bad_files, show=args.show_progress)
+    stream = TokenStream(args.train_file, tokenizer, args.max_seq_length, text_field=args.text_field,
+                         cross_documents=args.cross_documents, rank=dist.rank, world_size=dist.world_size,
+                         seed=args.seed, workers=args.dataloader_num_workers, buffer_size=args.shuffle_buffer_size,
+                         skip_bad_files=args.skip_bad_files, show=args.show_progress)
+    return (lambda step, count: stream.take(count)), stream
 
 
 def pretrain(args: PretrainArgs) -> dict:
@@ -230,9 +231,7 @@ def pretrain(args: PretrainArgs) -> dict:
         raise UsageError(f"--max_seq_length {args.max_seq_length} exceeds the model's max_position_embeddings "
                          f"{context}")
     set_attn_backend(model, args.attn_backend)
-    stream = streamed(tokenizer, args, dist) if args.streaming else None
-    take = (lambda step, count: stream.take(count)) if stream else shuffled(packed(args.train_file, tokenizer, args, dist, args.cross_documents),
-                                               args.seed)
+    take, stream = training_data(tokenizer, args, dist)
     valid_data = packed(args.validation_file, tokenizer, args, dist) if args.validation_file else None
     collate = MLMCollator.from_tokenizer(tokenizer, mlm_probability=args.mlm_probability,
                                          whole_word_mask=args.whole_word_mask, seed=args.seed)
