@@ -59,7 +59,8 @@ def _run_tokenizer_train(args) -> None:
 
 
 _HELP = {
-    "train_file": "training text: files or globs (.txt, .jsonl, .gz); repeatable",
+    "train_file": "training text: files or globs (.txt, .jsonl, .parquet, .arrow, save_to_disk directories; .gz "
+                  "or .zst compressed); repeatable",
     "validation_file": "held-out text for evaluation; repeatable",
     "model_config": "a new model: a preset (bert-tiny ... bert-large, modernbert-tiny ... modernbert-base) or a "
                     "config.json (default bert-mini unless --model_name_or_path)",
@@ -78,6 +79,13 @@ _HELP = {
     "max_train_minutes": "wall-clock budget; the learning rate decays over whichever of it and --max_steps ends first",
     "resume_from_checkpoint": "a checkpoint-N directory, or 'latest' (newest complete one in --output_dir)",
     "cross_documents": "pack sequences across document boundaries (default: never cross)",
+    "streaming": "read, tokenize and pack the training files while training (worker processes, a shuffle buffer; "
+                 "memory bounded whatever the corpus size; the position is kept in checkpoints) instead of "
+                 "tokenizing them into a cache first",
+    "dataloader_num_workers": "--streaming: processes that read and tokenize (0: the training process itself)",
+    "shuffle_buffer_size": "--streaming: packed sequences held and drawn from at random",
+    "skip_bad_files": "--streaming: a file that cannot be read (damaged, not UTF-8, bad JSON) is named, the rest "
+                      "of it dropped and counted, and training goes on; without it the run stops there",
     "whole_word_mask": "mask all pieces of a word together",
     "bf16": "bfloat16: training runs under autocast (fp32 master weights); serving casts the weights (fast on GPUs "
             "and CPUs with AVX512-BF16 or AMX)",

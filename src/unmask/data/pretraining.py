@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -73,7 +72,34 @@ def document_blocks(lines: Iterable[str]) -> Iterator[list[str]]:
 
 def encode_block(tokenizer, block: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(token ids, word-start flags) of one block of a document's lines."""
-    encodings = tokenizer.encode_batch(block, add_special_tokens=False)
+    return _ids_and_starts(tokenizer.encode_batch(block, add_special_tokens=False))
+
+
+def _encoded_blocks(tokenizer, documents: Iterable[Iterable[str]]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(document number, token ids, word-start flags) of every block of every document, many short documents'
+    blocks encoded in one call (the Rust tokenizer encodes a batch on all cores)."""
+    pending, size = [], 0
+    for number, lines in enumerate(documents):
+        for block in document_blocks(lines):
+            pending.append((number, block))
+            size += sum(map(len, block))
+            if size >= _BATCH_CHARS:
+                yield from _encode_pending(tokenizer, pending)
+                pending, size = [], 0
+    yield from _encode_pending(tokenizer, pending)
+
+
+def _encode_pending(tokenizer, pending: list[tuple[int, list[str]]]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    if not pending:
+        return
+    encodings = tokenizer.encode_batch([line for _, block in pending for line in block], add_special_tokens=False)
+    at = 0
+    for number, block in pending:
+        yield number, *_ids_and_starts(encodings[at : at + len(block)])
+        at += len(block)
+
+
+def _ids_and_starts(encodings) -> tuple[np.ndarray, np.ndarray]:
     ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64)
     starts = np.fromiter((flag for e in encodings for flag in _word_starts(e.word_ids)), dtype=np.uint8,
                          count=len(ids))
@@ -99,24 +125,19 @@ def build_token_cache(patterns, tokenizer, cache_root: str | Path, text_field: s
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-    tokens = documents = 0
-    with open(tmp / "ids.bin", "wb") as ids, open(tmp / "word_starts.bin", "wb") as starts, \
-            open(tmp / "doc_offsets.bin", "wb") as offsets:
-        offsets.write(np.int64(0).tobytes())
+    with _CacheWriter(tmp, dtype) as cache:
         for path in tqdm(files, desc="tokenizing", unit="file", disable=not show_progress):
-            for lines in iter_document_lines([path], text_field):
-                before = tokens
-                for doc_ids, doc_starts in map(partial(encode_block, tokenizer), document_blocks(lines)):
-                    ids.write(doc_ids.astype(dtype).tobytes())
-                    starts.write(doc_starts.tobytes())
-                    tokens += len(doc_ids)
-                if tokens > before:
-                    documents += 1
-                    offsets.write(np.int64(tokens).tobytes())
-    if tokens == 0:
+            current = None
+            for number, block_ids, block_starts in _encoded_blocks(tokenizer, iter_document_lines([path], text_field)):
+                if number != current:
+                    cache.end_document()
+                    current = number
+                cache.write(block_ids, block_starts)
+            cache.end_document()
+    if cache.tokens == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise DataError(f"no text found in {[str(f) for f in files]}")
-    meta = {"files": [str(f) for f in files], "tokens": tokens, "documents": documents,
+    meta = {"files": [str(f) for f in files], "tokens": cache.tokens, "documents": cache.documents,
             "dtype": np.dtype(dtype).name}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     try:
@@ -124,6 +145,33 @@ def build_token_cache(patterns, tokenizer, cache_root: str | Path, text_field: s
     except OSError:  # another process finished the same cache first
         shutil.rmtree(tmp, ignore_errors=True)
     return cache_dir
+
+
+class _CacheWriter:
+    """Appends blocks of tokens, and the boundaries of their documents, to a cache directory's three files."""
+
+    def __init__(self, directory: Path, dtype):
+        self.files = [open(directory / name, "wb") for name in ("ids.bin", "word_starts.bin", "doc_offsets.bin")]
+        self.dtype, self.tokens, self.documents, self.last_boundary = dtype, 0, 0, 0
+        self.files[2].write(np.int64(0).tobytes())
+
+    def write(self, ids: np.ndarray, word_starts: np.ndarray) -> None:
+        self.files[0].write(ids.astype(self.dtype).tobytes())
+        self.files[1].write(word_starts.tobytes())
+        self.tokens += len(ids)
+
+    def end_document(self) -> None:
+        """The tokens written since the last boundary are one document (none: no document)."""
+        if self.tokens > self.last_boundary:
+            self.files[2].write(np.int64(self.tokens).tobytes())
+            self.documents, self.last_boundary = self.documents + 1, self.tokens
+
+    def __enter__(self) -> "_CacheWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for f in self.files:
+            f.close()
 
 
 def pack_spans(doc_offsets: np.ndarray, max_tokens: int, cross_documents: bool = False) -> np.ndarray:
