@@ -397,7 +397,7 @@ def _add_eval_embeddings(eval_commands) -> None:
 
 
 def _add_serve_command(commands) -> None:
-    from unmask.serve.server import ServeOptions
+    from unmask.serve.model import ServeOptions
 
     serve = commands.add_parser("serve", help="an HTTP server (text-embeddings-inference's API) with dynamic batching")
     serve.add_argument("model", help="a model directory: encoder / sentence-transformers (embed), "
@@ -426,7 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_serve(args) -> None:
-    from unmask.serve.server import ServeOptions, serve
+    from unmask.serve.model import ServeOptions
+    from unmask.serve.server import serve
 
     serve(args.model, args.host, args.port, _args_of(ServeOptions, args), args.log_level)
 

@@ -36,6 +36,10 @@ def window_logits(model, encodings: Sequence[Encoding], pad_token_id: int, trunc
     return mean_by_owner(logits, windows.owner, len(encodings))
 
 
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-logits))
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
     return shifted / shifted.sum(axis=-1, keepdims=True)
@@ -43,9 +47,9 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 def label_scores(logits: np.ndarray, id2label: dict[int, str], raw_scores: bool = False,
                  top_k: int | None = None) -> list[list[dict]]:
-    """Per input, `{label, score}` best first (the `top_k` best): probabilities, or the logits when `raw_scores` or
-    when the model has one output (a regression or relevance score)."""
-    scores = logits if raw_scores or logits.shape[1] == 1 else softmax(logits)
+    """Per input, `{label, score}` best first (the `top_k` best): probabilities (a one-label model's sigmoid, as
+    `/rerank`, TEI and sentence-transformers' `CrossEncoder` give it), or the logits when `raw_scores`."""
+    scores = logits if raw_scores else sigmoid(logits) if logits.shape[1] == 1 else softmax(logits)
     k = logits.shape[1] if top_k is None else min(top_k, logits.shape[1])
     best = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (inputs, k)
     return [[{"label": id2label.get(int(j), str(j)), "score": float(row[j])} for j in order]
@@ -56,7 +60,7 @@ def relevance(logits: np.ndarray, raw_scores: bool = False) -> np.ndarray:
     """(pairs,) relevance of a cross-encoder's logits: the sigmoid of a one-label model's logit, or the probability
     of the last class ("relevant") of a classifier; the logit itself with `raw_scores`."""
     if logits.shape[1] == 1:
-        return logits[:, 0] if raw_scores else 1 / (1 + np.exp(-logits[:, 0]))
+        return logits[:, 0] if raw_scores else sigmoid(logits[:, 0])
     return logits[:, -1] if raw_scores else softmax(logits)[:, -1]
 
 

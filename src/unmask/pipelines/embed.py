@@ -166,6 +166,16 @@ class SentenceEncoder:
             vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return vectors
 
+    def token_vectors(self, encodings: Sequence[Encoding], batch_size: int = 32) -> list[np.ndarray]:
+        """The encoder's last hidden state of every token (special tokens included), one (T, H) array per input
+        (each at most max_seq_length tokens: TEI's /embed_all)."""
+
+        def forward(input_ids, attention_mask, token_type_ids):
+            hidden = self.model(input_ids, attention_mask).last_hidden_state.float().cpu().numpy()  # (B, T, H)
+            return [row[: int(n)] for row, n in zip(hidden, attention_mask.sum(1))]
+
+        return run_batches(self.model, [e.ids for e in encodings], forward, self.tokenizer.pad_token_id, batch_size)
+
     def save_pretrained(self, output_dir: str | Path) -> Path:
         """An HF encoder directory that is also a sentence-transformers directory."""
         output_dir = Path(output_dir)

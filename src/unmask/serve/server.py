@@ -1,317 +1,259 @@
-"""`unmask serve MODEL_DIR`: an HTTP server with text-embeddings-inference's routes and dynamic batching.
+"""`unmask serve MODEL_DIR`: text-embeddings-inference's HTTP API (TEI 1.9), OpenAI's embeddings API and the
+Hugging Face inference shape, over one model with dynamic batching.
 
-Routes (TEI's request and response shapes where TEI has the route, so its clients work unchanged):
-    POST /embed      {"inputs": str | [str], "normalize": true, "truncate": bool}     -> [[float]]
-    POST /rerank     {"query", "texts": [str], "raw_scores", "return_text", "truncate"} -> [{"index", "score"}]
-    POST /predict    {"inputs": str | [str] | [[a, b]], "raw_scores", "truncate"}       -> [{"label", "score"}]
-    POST /tokenize   {"inputs": str | [str], "add_special_tokens": true}
-                     -> [[{"id", "text", "special", "start", "stop"}]]
-    POST /fill-mask  {"inputs": str | [str], "top_k": 5}    -> the transformers fill-mask pipeline's shape
-    POST /tag        {"inputs": str | [str], "truncate"}    -> [{"entity_group", "score", "word", "start", "end"}]
-    GET  /health, /info, /metrics (Prometheus), /openapi.json, /docs
+    POST /embed         {"inputs", "normalize", "truncate", "truncation_direction", "prompt_name", "dimensions"}
+    POST /embed_all     the vectors of every token
+    POST /similarity    {"inputs": {"source_sentence", "sentences"}}  -> cosine similarities
+    POST /v1/embeddings, /embeddings   OpenAI: {"input", "model", "encoding_format", "dimensions", "user"}
+    POST /predict       {"inputs": text | [a, b] | [[a], [b, c]], "raw_scores", "truncate"}
+    POST /rerank        {"query", "texts", "raw_scores", "return_text", "truncate"}
+    POST /tokenize, /decode, /fill-mask, /tag (the last two are ours; TEI has no such routes)
+    POST /, /invocations   the model's main route (InferenceClient, SageMaker); `parameters` are read as fields
+    GET  /, /health, /ping, /info, /metrics (Prometheus), /openapi.json
 
-The model directory decides what is served: an encoder or sentence-transformers directory embeds, a
-...ForSequenceClassification predicts and reranks, a ...ForMaskedLM fills masks, a ...ForTokenClassification tags;
-other routes answer 400 saying what the model serves. Errors are JSON `{"error", "error_type"}` as in TEI: 400 for
-a body that is not UTF-8 JSON or a route the model cannot serve, 413 for an oversized body, too many inputs or an
-input over the length limit with truncation off, 422 for wrong types and empty inputs.
+Inputs are texts or token ids. The model directory decides what is served (an encoder embeds, a classifier
+predicts and reranks, a masked LM fills masks, a token classifier tags); another route answers 400 saying what the
+model serves. Errors are `{"error", "error_type"}` (OpenAI's `{"error": {"message", "type", "code"}}` on its routes)
+with TEI's codes: 413 for too many or too long inputs, 400 for empty ones and bodies that are not JSON, 422 for
+wrong fields.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated
+from dataclasses import dataclass, field
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
-from unmask import models
-from unmask.errors import CheckpointError, UnmaskError, UsageError
-from unmask.heads import SERVED_TASK, head_of
-from unmask.hub import read_config
-from unmask.pipelines.classify import label_scores, ranked, relevance, window_logits
-from unmask.pipelines.embed import SentenceEncoder
-from unmask.pipelines.fill_mask import fill_mask_tokens
-from unmask.pipelines.tag import entities_of
+from unmask.pipelines.classify import label_scores, ranked, relevance
 from unmask.serve.batching import Batcher, BatchStats, Job
-from unmask.tokenizer import load_tokenizer
+from unmask.serve.model import ServedModel, ServeError, ServeOptions, TokenIds, matryoshka
+from unmask.serve.schemas import (
+    DecodeRequest,
+    EmbedAllRequest,
+    EmbedRequest,
+    FillMaskRequest,
+    Fitting,
+    OpenAIEmbeddingsRequest,
+    PredictRequest,
+    RerankRequest,
+    SimilarityRequest,
+    TagRequest,
+    TokenizeRequest,
+)
 
-# the routes that answer for each served task (unmask.heads.SERVED_TASK)
-ROUTES = {"embed": ("embed",), "fill-mask": ("fill-mask",), "classify": ("predict", "rerank"), "tag": ("tag",)}
-
-
-class ServeError(UnmaskError):
-    """A request the server refuses: `status` and TEI's `error_type`."""
-
-    def __init__(self, status: int, message: str, error_type: str = "Validation"):
-        super().__init__(message)
-        self.status, self.message, self.error_type = status, message, error_type
+OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")
 
 
 @dataclass
-class ServeOptions:
-    max_batch_tokens: int = 16384  # real tokens per forward pass
-    max_client_batch_size: int = 32  # inputs per request
-    forward_batch_size: int = 32  # sequences per forward pass: a batch of requests runs length-sorted in such passes
-    max_input_length: int | None = None  # tokens per input; default and ceiling: the model's context
-    truncation: str = "error"  # for requests that do not say: "error" (413) or "truncate" (TEI's --auto-truncate)
-    payload_limit: int = 2_000_000  # bytes per request body
-    int8: bool = False  # CPU: int8 dynamically quantised linear layers (models/quantize.py)
-    bf16: bool = False  # bfloat16 weights and activations (GPUs; CPUs with AVX512-BF16 or AMX)
+class Service:
+    """What every route needs: the model, the options, the metrics and the batcher (made when the app starts)."""
 
-    def __post_init__(self):
-        if self.truncation not in ("error", "truncate"):
-            raise UsageError(f"--truncation must be error or truncate, got {self.truncation!r}")
-        if self.int8 and self.bf16:
-            raise UsageError("--int8 and --bf16 exclude each other: choose one")
-        for name in ("max_batch_tokens", "max_client_batch_size", "forward_batch_size", "payload_limit"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
+    model: ServedModel
+    options: ServeOptions
+    metrics: "Metrics" = field(default_factory=lambda: Metrics())
+    batcher: Batcher | None = None
 
+    def serves(self, route: str) -> None:
+        if route not in self.model.routes:
+            raise ServeError(400, f"{self.model.name} is a {self.model.head} model: it serves "
+                                  f"{', '.join('/' + r for r in self.model.routes)}, not /{route}", "Unsupported")
 
-class ServedModel:
-    """A model directory and the one thing it answers; `run` is called on the batching thread with many inputs."""
+    def batch(self, inputs) -> tuple[list, bool]:
+        """(items, single): a text or a token-id list is one input; a list of them is a batch."""
+        single = isinstance(inputs, str) or (isinstance(inputs, list) and bool(inputs) and
+                                             all(isinstance(x, int) for x in inputs))
+        items = [inputs] if single else list(inputs)
+        if not items:
+            raise ServeError(400, "inputs is empty", "Empty")
+        if len(items) > self.options.max_client_batch_size:
+            raise ServeError(413, f"batch size {len(items)} > maximum allowed batch size "
+                                  f"{self.options.max_client_batch_size}")
+        return [TokenIds(x) if isinstance(x, list) else x for x in items], single
 
-    def __init__(self, path: str | Path, max_input_length: int | None = None, forward_batch_size: int = 32,
-                 int8: bool = False, bf16: bool = False):
-        self.path = Path(path)
-        if not (self.path / "config.json").exists():
-            raise CheckpointError(f"{self.path}: not a model directory (no config.json)")
-        config = read_config(self.path)  # once: the head, the model and the tokenizer check all read it
-        model_head = head_of(config.architectures)
-        self.head = SERVED_TASK[model_head]
-        self.encoder = None
-        if self.head == "embed":
-            self.encoder = SentenceEncoder.from_pretrained(self.path, int8=int8, bf16=bf16, config=config)
-            self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
-            context = self.encoder.max_seq_length
-        else:
-            self.model = models.from_pretrained(self.path, model_head, int8=int8, bf16=bf16, config=config).eval()
-            self.tokenizer = load_tokenizer(self.path, config)
-            context = self.model.config.max_position_embeddings
-        if max_input_length is not None and max_input_length < 3:
-            raise UsageError(f"--max_input_length must leave room for [CLS] and [SEP], got {max_input_length}")
-        self.max_input_length = min(max_input_length or context, context)
-        if self.encoder is not None:
-            self.encoder.max_seq_length = self.max_input_length
-        self.routes = ROUTES[self.head]
-        self.forward_batch_size = forward_batch_size
+    async def run(self, kind: str, items: list, fitting: Fitting | None = None, job_options: tuple = (),
+                  check=lambda encodings: None) -> tuple[list, int]:
+        """Fit the inputs (in a worker thread), queue them for a batched forward pass; (results, tokens)."""
 
-    def info(self) -> dict:
-        config = self.model.config
-        if self.head == "embed":
-            kind = {"embedding": {"pooling": self.encoder.pooling, "dimension": self.encoder.dimension}}
-        elif self.head == "classify":
-            kind = {"classifier": {"id2label": {str(k): v for k, v in config.id2label.items()},
-                                   "label2id": config.label2id}}
-        else:
-            kind = {self.head: {"id2label": {str(k): v for k, v in config.id2label.items()}}
-                    if self.head == "tag" else {}}
-        return {"model_id": str(self.path), "model_type": kind, "architecture": config.model_type,
-                "model_dtype": "float32", "max_input_length": self.max_input_length, "routes": list(self.routes)}
-
-    # -- validation (event loop side, in a thread pool) -------------------------------------------------------------
-
-    def fit(self, items: list, truncate: bool) -> tuple[list, list[int], list]:
-        """The inputs cut to max_input_length when `truncate` (else refused when longer), their token counts and
-        encodings; all tokenized in one parallel call."""
-        for index, item in enumerate(items):
-            if any(not part.strip() for part in (item if isinstance(item, tuple) else (item,))):
-                raise ServeError(422, f"input {index} is empty")
-        encodings = self.tokenizer.encode_batch(items)
-        limit = self.max_input_length
-        for index, encoding in enumerate(encodings):
-            n = len(encoding.ids)
-            if n <= limit:
-                continue
-            if not truncate:
-                raise ServeError(413, f"input {index} is {n} tokens, longer than the maximum of {limit}; send "
-                                      "\"truncate\": true to cut it")
-            # cut the last segment at the character where its allowed tokens end, then encode it again
-            content = [p for p, t in enumerate(encoding.type_ids) if t == encoding.type_ids[-1]][:-1]
-            if encoding.type_ids[-1] == 0:
-                content = content[1:]  # after [CLS]
-            keep = len(content) - (n - limit)
-            if keep < 1:
-                raise ServeError(413, f"input {index}: its query alone fills the maximum of {limit} tokens")
-            item, end = items[index], encoding.offsets[content[keep - 1]][1]
-            items[index] = (item[0], item[1][:end]) if isinstance(item, tuple) else item[:end]
-            encodings[index] = self.tokenizer.encode_batch([items[index]])[0]
-        return items, [len(e.ids) for e in encodings], encodings
-
-    # -- the forward passes (batching thread) ------------------------------------------------------------------------
-
-    def run(self, kind: str, inputs: list, options: tuple) -> list:
-        """One result per input; `inputs` are (item, encoding) pairs, fitted to the limit already (nothing is cut
-        here, so "truncate" only takes the first and only window)."""
-        items, encodings = [item for item, _ in inputs], [encoding for _, encoding in inputs]
-        n, pad = self.forward_batch_size, self.tokenizer.pad_token_id
-        if kind == "embed":
-            return list(self.encoder.encode_tokens(encodings, n, normalize=False, show_progress=False,
-                                                   truncation="truncate"))
-        if kind in ("predict", "rerank"):
-            return list(window_logits(self.model, encodings, pad, "truncate", batch_size=n))
-        if kind == "fill-mask":
-            return fill_mask_tokens(self.model, self.tokenizer, encodings, top_k=options[0], batch_size=n)
-        if kind == "tag":
-            return entities_of(self.model, items, encodings, pad, truncation="truncate", batch_size=n)
-        raise ValueError(f"unknown kind {kind!r}")
-
-
-# -- the HTTP layer ---------------------------------------------------------------------------------------------------
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # TEI clients send fields we do not use (prompt_name, ...)
-
-
-class EmbedRequest(_Request):
-    inputs: str | list[str]
-    normalize: bool = True
-    truncate: bool | None = None
-
-
-class RerankRequest(_Request):
-    query: str
-    texts: list[str]
-    truncate: bool | None = None
-    raw_scores: bool = False
-    return_text: bool = False
-
-
-class PredictRequest(_Request):
-    inputs: str | list[str] | list[Annotated[list[str], Field(min_length=2, max_length=2)]]
-    truncate: bool | None = None
-    raw_scores: bool = False
-
-
-class TokenizeRequest(_Request):
-    inputs: str | list[str]
-    add_special_tokens: bool = True
-
-
-class FillMaskRequest(_Request):
-    inputs: str | list[str]
-    top_k: int = Field(5, ge=1, le=1000)
-
-
-class TagRequest(_Request):
-    inputs: str | list[str]
-    truncate: bool | None = None
+        truncate = fitting.truncate if fitting is not None else None
+        truncate = self.options.truncation == "truncate" if truncate is None else truncate
+        direction = fitting.truncation_direction.lower() if fitting is not None else "right"
+        prompt = self.model.prompt(getattr(fitting, "prompt_name", None)) if kind in ("embed", "embed_all") else ""
+        encodings = await run_in_threadpool(self.model.fit, items, truncate, direction, prompt)
+        check(encodings)
+        tokens = sum(len(e.ids) for e in encodings)
+        results = await self.batcher.submit(Job(kind, list(zip(items, encodings)), tokens, job_options))
+        return results, tokens
 
 
 def create_app(model: ServedModel, options: ServeOptions):
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, PlainTextResponse
-    from starlette.concurrency import run_in_threadpool
 
-    metrics = Metrics()
-    batcher_box: dict[str, Batcher] = {}
+    service = Service(model, options)
 
     @asynccontextmanager
     async def lifespan(app):
-        batcher_box["batcher"] = Batcher(model.run, options.max_batch_tokens, metrics.observe_batch)
+        service.batcher = Batcher(model.run, options.max_batch_tokens, service.metrics.observe_batch)
         yield
-        # uvicorn has finished the in-flight requests when this runs (graceful shutdown on SIGTERM)
-        batcher_box["batcher"].close()
+        service.batcher.close()  # uvicorn has finished the in-flight requests when this runs
 
-    app = FastAPI(title="unmask serve", version=_version(), lifespan=lifespan,
-                  description=f"Serving {model.path} ({model.head}).")
+    app = FastAPI(title="unmask serve", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description=f"Serving {model.name} ({model.head}).")
     app.add_middleware(BodyGuard, limit=options.payload_limit)
+    _add_error_handlers(app, service)
+    handlers = {**_add_embedding_routes(app, service), **_add_classification_routes(app, service),
+                **_add_token_routes(app, service)}
+    _add_service_routes(app, service, handlers)
+    return app
+
+
+def _add_error_handlers(app, service: Service) -> None:
 
     @app.exception_handler(ServeError)
-    async def serve_error(request: Request, error: ServeError):
-        metrics.count(request.url.path, error.status)
-        return JSONResponse({"error": error.message, "error_type": error.error_type}, status_code=error.status)
-
-    @app.exception_handler(Exception)
-    async def failed(request: Request, error: Exception):  # a bug, not the client's fault: JSON all the same
-        metrics.count(request.url.path, 500)
-        return JSONResponse({"error": f"{type(error).__name__}: {error}", "error_type": "Backend"}, status_code=500)
+    async def refused(request: Request, error: ServeError):
+        return _error(service, request, error.status, error.message, error.error_type)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError):
         first = error.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "body"
-        metrics.count(request.url.path, 422)
-        return JSONResponse({"error": f"{where}: {first.get('msg')}", "error_type": "Validation"}, status_code=422)
+        return _error(service, request, 422, f"{where}: {first.get('msg')}", "Validation")
 
-    def serves(route: str) -> None:
-        if route not in model.routes:
-            raise ServeError(400, f"{model.path.name} is a {model.head} model: it serves "
-                                  f"{', '.join('/' + r for r in model.routes)}, not /{route}", "Unsupported")
+    @app.exception_handler(Exception)
+    async def failed(request: Request, error: Exception):  # a bug, not the client's fault: JSON all the same
+        return _error(service, request, 500, f"{type(error).__name__}: {error}", "Backend")
 
-    def as_list(inputs) -> tuple[list, bool]:
-        single = isinstance(inputs, str)
-        items = [inputs] if single else list(inputs)
-        if not items:
-            raise ServeError(422, "inputs is empty")
-        if len(items) > options.max_client_batch_size:
-            raise ServeError(413, f"batch size {len(items)} > maximum allowed batch size "
-                                  f"{options.max_client_batch_size}")
-        return items, single
 
-    async def schedule(kind: str, items: list, truncate: bool | None, job_options: tuple = (),
-                       check=lambda encodings: None) -> list:
-        """Validate and count the inputs (in a worker thread: tokenizing is not the event loop's job), queue them."""
-        cut = options.truncation == "truncate" if truncate is None else truncate
-        fitted, counts, encodings = await run_in_threadpool(model.fit, items, cut)
-        check(encodings)
-        job = Job(kind, list(zip(fitted, encodings)), sum(counts), job_options)
-        results = await batcher_box["batcher"].submit(job)
-        metrics.count("/" + kind, 200)
-        return results
+def _error(service: Service, request, status: int, message: str, error_type: str):
+
+    service.metrics.count(request.url.path, status)
+    if request.url.path in OPENAI_ROUTES:  # OpenAI's error shape, so its client raises the right exception
+        return JSONResponse({"error": {"message": message, "type": error_type, "code": status}}, status_code=status)
+    return JSONResponse({"error": message, "error_type": error_type}, status_code=status)
+
+
+def _add_embedding_routes(app, service: Service) -> dict:
+    model = service.model
 
     @app.post("/embed", summary="Sentence embeddings (TEI's /embed)")
     async def embed(body: EmbedRequest) -> list[list[float]]:
-        serves("embed")
-        items, _ = as_list(body.inputs)
-        vectors = np.stack(await schedule("embed", items, body.truncate))
-        if body.normalize:
-            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return vectors.tolist()
+        service.serves("embed")
+        items, _ = service.batch(body.inputs)
+        vectors, _ = await service.run("embed", items, body)
+        service.metrics.count("/embed", 200)
+        return matryoshka(np.stack(vectors), body.dimensions, body.normalize).tolist()
 
-    @app.post("/rerank", summary="Score texts against a query with a cross-encoder (TEI's /rerank)")
-    async def rerank(body: RerankRequest) -> list[dict]:
-        serves("rerank")
-        texts, _ = as_list(body.texts)
-        if not body.query.strip():
-            raise ServeError(422, "query is empty")
-        logits = np.stack(await schedule("rerank", [(body.query, t) for t in texts], body.truncate))
-        answers = ranked(relevance(logits, body.raw_scores))
-        if body.return_text:
-            answers = [{**answer, "text": texts[answer["index"]]} for answer in answers]
-        return answers
+    @app.post("/embed_all", summary="The vector of every token (TEI's /embed_all)")
+    async def embed_all(body: EmbedAllRequest) -> list[list[list[float]]]:
+        service.serves("embed_all")
+        items, _ = service.batch(body.inputs)
+        vectors, _ = await service.run("embed_all", items, body)
+        service.metrics.count("/embed_all", 200)
+        return [v.tolist() for v in vectors]
+
+    @app.post("/similarity", summary="Cosine similarity of sentences to a source sentence (TEI's /similarity)")
+    async def similarity(body: SimilarityRequest) -> list[float]:
+        service.serves("similarity")
+        items, _ = service.batch([body.inputs.source_sentence, *body.inputs.sentences])
+        vectors, _ = await service.run("embed", items, body)
+        unit = matryoshka(np.stack(vectors), None, normalize=True)
+        service.metrics.count("/similarity", 200)
+        return (unit[1:] @ unit[0]).tolist()
+
+    async def openai_embeddings(body: OpenAIEmbeddingsRequest) -> dict:
+        service.serves("embeddings")
+        items, _ = service.batch(body.input)
+        vectors, tokens = await service.run("embed", items)
+        unit = matryoshka(np.stack(vectors), body.dimensions, normalize=True).astype(np.float32)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if body.encoding_format == "base64"
+                 else v.tolist()} for i, v in enumerate(unit)]
+        service.metrics.count("/v1/embeddings", 200)
+        return {"object": "list", "data": data, "model": model.name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    for path in OPENAI_ROUTES:
+        app.post(path, summary="OpenAI's embeddings API")(openai_embeddings)
+    return {"embed": embed, "similarity": similarity}  # what POST / dispatches to
+
+
+def _add_classification_routes(app, service: Service) -> dict:
+    model = service.model
 
     @app.post("/predict", summary="Sequence classification (TEI's /predict): every label, best first")
     async def predict(body: PredictRequest) -> list:
-        serves("predict")
-        items, single = as_list(body.inputs)
-        items = [tuple(x) if isinstance(x, list) else x for x in items]
-        logits = np.stack(await schedule("predict", items, body.truncate))
-        answers = label_scores(logits, model.model.config.id2label or {}, body.raw_scores)
+        service.serves("predict")
+        items, single = _predict_items(body.inputs, service)
+        logits, _ = await service.run("predict", items, body)
+        raw = body.raw_scores or body.function_to_apply == "none"
+        answers = label_scores(np.stack(logits), model.model.config.id2label or {}, raw, body.top_k)
+        service.metrics.count("/predict", 200)
+        if body.hf_shape:  # the Hugging Face text-classification shape: a list per input
+            return answers
         return answers[0] if single else answers
 
-    @app.post("/tokenize", summary="Tokens with their character offsets (TEI's /tokenize)")
+    @app.post("/rerank", summary="Score texts against a query with a cross-encoder (TEI's /rerank)")
+    async def rerank(body: RerankRequest) -> list[dict]:
+        service.serves("rerank")
+        texts, _ = service.batch(body.texts)
+        logits, _ = await service.run("rerank", [(body.query, t) for t in texts], body)
+        answers = ranked(relevance(np.stack(logits), body.raw_scores))
+        if body.return_text:
+            answers = [{**answer, "text": texts[answer["index"]]} for answer in answers]
+        service.metrics.count("/rerank", 200)
+        return answers
+
+    return {"predict": predict, "rerank": rerank}
+
+
+def _predict_items(inputs, service: Service) -> tuple[list, bool]:
+    """TEI's reading: a text, `[a, b]` one pair, `[[a], [b, c]]` a batch of singles and pairs."""
+    if isinstance(inputs, str):
+        return [inputs], True
+    if inputs and all(isinstance(x, str) for x in inputs):
+        if len(inputs) != 2:
+            raise ServeError(422, f"inputs: a list of strings is one pair [a, b], got {len(inputs)} strings (a batch "
+                                  "is [[a], [b, c], ...])")
+        return [tuple(inputs)], True
+    for i, x in enumerate(inputs):
+        if len(x) not in (1, 2):
+            raise ServeError(422, f"inputs.{i}: a batch holds [text] or [text, text], got {len(x)} texts")
+    items, _ = service.batch([x[0] if len(x) == 1 else tuple(x) for x in inputs])
+    return items, False
+
+
+def _add_token_routes(app, service: Service) -> dict:
+    model = service.model
+
+    @app.post("/tokenize", summary="Tokens with their offsets in UTF-8 bytes (TEI's /tokenize)")
     async def tokenize(body: TokenizeRequest) -> list[list[dict]]:
-        items, _ = as_list(body.inputs)
-        encodings = await run_in_threadpool(model.tokenizer.encode_batch, items, body.add_special_tokens)
-        metrics.count("/tokenize", 200)
-        out = []
-        for text, enc in zip(items, encodings):
-            out.append([{"id": i, "text": text[a:b] if not special else model.tokenizer.convert_ids_to_tokens([i])[0],
-                         "special": bool(special), "start": None if special else a, "stop": None if special else b}
-                        for i, (a, b), special in zip(enc.ids, enc.offsets, enc.special_tokens_mask)])
-        return out
+
+        items, _ = service.batch(body.inputs)
+        prompt = model.prompt(body.prompt_name)
+        encodings = await run_in_threadpool(model.fit, items, False, "right", prompt)  # bounded like every input
+        service.metrics.count("/tokenize", 200)
+        return [_tokens(prompt + text, enc, model, body.add_special_tokens) for text, enc in zip(items, encodings)]
+
+    @app.post("/decode", summary="Token ids back to text (TEI's /decode)")
+    async def decode(body: DecodeRequest) -> list[str]:
+        batch = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]
+        items, _ = service.batch([list(ids) for ids in batch])
+        vocabulary = model.model.config.vocab_size
+        if any(not 0 <= i < vocabulary for ids in batch for i in ids):
+            raise ServeError(422, f"ids must lie in [0, {vocabulary})")
+        service.metrics.count("/decode", 200)
+        return model.tokenizer.backend.decode_batch(batch, skip_special_tokens=body.skip_special_tokens)
 
     @app.post("/fill-mask", summary="Fill [MASK] (the transformers fill-mask pipeline's shape)")
     async def fill(body: FillMaskRequest) -> list:
-        serves("fill-mask")
-        items, single = as_list(body.inputs)
+        service.serves("fill-mask")
+        items, single = service.batch(body.inputs)
         mask = model.tokenizer.mask_token_id
 
         def has_masks(encodings) -> None:
@@ -319,38 +261,89 @@ def create_app(model: ServedModel, options: ServeOptions):
                 if mask not in encoding.ids:
                     raise ServeError(422, f"input {i} has no {model.tokenizer.convert_ids_to_tokens([mask])[0]}")
 
-        results = await schedule("fill-mask", items, False, (body.top_k,), has_masks)
+        results, _ = await service.run("fill-mask", items, None, (body.top_k,), has_masks)
+        service.metrics.count("/fill-mask", 200)
         return results[0] if single else results
 
     @app.post("/tag", summary="Named entities with character offsets")
     async def tag(body: TagRequest) -> list:
-        serves("tag")
-        items, single = as_list(body.inputs)
-        results = await schedule("tag", items, body.truncate)
+        service.serves("tag")
+        items, single = service.batch(body.inputs)
+        results, _ = await service.run("tag", items, Fitting(truncate=body.truncate))
+        service.metrics.count("/tag", 200)
         return results[0] if single else results
 
+    return {"fill-mask": fill, "tag": tag}
+
+
+def _tokens(text: str, encoding, model: ServedModel, add_special_tokens: bool) -> list[dict]:
+    """TEI's token records: offsets in UTF-8 bytes of the text."""
+    byte_at = np.concatenate([[0], np.cumsum([len(c.encode("utf-8", "surrogatepass")) for c in text])])
+    out = []
+    for i, (a, b), special in zip(encoding.ids, encoding.offsets, encoding.special_tokens_mask):
+        if special and not add_special_tokens:
+            continue
+        out.append({"id": i, "text": model.tokenizer.convert_ids_to_tokens([i])[0] if special else text[a:b],
+                    "special": bool(special), "start": None if special else int(byte_at[a]),
+                    "stop": None if special else int(byte_at[b])})
+    return out
+
+
+def _add_service_routes(app, service: Service, handlers: dict) -> None:
+
+    model, options = service.model, service.options
+
+    async def main_route(request: Request):
+        """The model's main route, as TEI answers POST / (and SageMaker's /invocations); the body's shape picks
+        between /embed and /similarity for an embedding model."""
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise ServeError(422, "body: a JSON object is expected")
+        if model.head == "embed":
+            route = "similarity" if isinstance(body.get("inputs"), dict) else "embed"
+        elif model.head == "classify":
+            route = "rerank" if "query" in body and "texts" in body else "predict"
+        else:
+            route = model.head
+        return await handlers[route](_validated(_SCHEMAS[route], body))
+
+    for path in ("/", "/invocations"):
+        app.post(path, summary="The model's main route (TEI's POST /)")(main_route)
+
     @app.get("/health")
+    @app.get("/ping")
+    @app.get("/")
     async def health() -> dict:
         return {"status": "ok"}
 
     @app.get("/info")
     async def info() -> dict:
         return {**model.info(), "max_batch_tokens": options.max_batch_tokens,
-                "max_client_batch_size": options.max_client_batch_size,
+                "max_client_batch_size": options.max_client_batch_size, "max_batch_requests": None,
                 "auto_truncate": options.truncation == "truncate", "payload_limit": options.payload_limit,
                 "version": _version()}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> str:
-        queue = batcher_box["batcher"].queue_size() if "batcher" in batcher_box else 0
-        return metrics.render(queue)
+        return service.metrics.render(service.batcher.queue_size() if service.batcher else 0)
 
-    return app
+
+_SCHEMAS = {"embed": EmbedRequest, "similarity": SimilarityRequest, "predict": PredictRequest,
+            "rerank": RerankRequest, "fill-mask": FillMaskRequest, "tag": TagRequest}
+
+
+def _validated(schema, body: dict):
+
+    try:
+        return schema.model_validate(body)
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from e
 
 
 class BodyGuard:
     """ASGI middleware: a request body over `limit` bytes answers 413 before it is read whole; a body that is not
-    UTF-8 JSON answers 400 (not a traceback, not FastAPI's guess at another encoding)."""
+    strict UTF-8 JSON answers 400 (not a traceback): invalid UTF-8, malformed or too deeply nested JSON, NaN or
+    Infinity, an integer too long to read, a lone UTF-16 surrogate."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -375,12 +368,9 @@ class BodyGuard:
             if not message.get("more_body"):
                 break
         body = b"".join(chunks)
-        try:
-            json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            return await _reply(send, 400, f"the body is not valid UTF-8 (byte {e.start})", "Validation")
-        except json.JSONDecodeError as e:
-            return await _reply(send, 400, f"malformed JSON: {e}", "Validation")
+        problem = _json_problem(body)
+        if problem is not None:
+            return await _reply(send, 400, problem, "Validation")
         replayed = False
 
         async def replay():
@@ -393,6 +383,27 @@ class BodyGuard:
         return await self.app(scope, replay, send)
 
 
+def _json_problem(body: bytes) -> str | None:
+    """Why `body` is not strict JSON, or None."""
+    def no_constants(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        parsed = json.loads(body.decode("utf-8"), parse_constant=no_constants)
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be encoded
+    except UnicodeDecodeError as e:
+        return f"the body is not valid UTF-8 (byte {e.start})"
+    except UnicodeEncodeError:
+        return "the body holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text"
+    except json.JSONDecodeError as e:
+        return f"malformed JSON: {e}"
+    except RecursionError:
+        return "the JSON is nested too deeply"
+    except ValueError as e:  # NaN / Infinity, an integer of more digits than Python reads
+        return f"malformed JSON: {e}"
+    return None
+
+
 async def _reply(send, status: int, message: str, error_type: str) -> None:
     payload = json.dumps({"error": message, "error_type": error_type}).encode()
     await send({"type": "http.response.start", "status": status,
@@ -401,7 +412,11 @@ async def _reply(send, status: int, message: str, error_type: str) -> None:
 
 
 class Metrics:
-    """Prometheus counters and histograms of one server (its own registry: several apps can live in one process)."""
+    """Prometheus counters and histograms of one server (its own registry: several apps can live in one process).
+    Requests are counted by route; paths that are no route count as one ("other"), so made-up URLs add nothing."""
+
+    KNOWN = {"/", "/invocations", "/embed", "/embed_all", "/similarity", *OPENAI_ROUTES, "/predict", "/rerank",
+             "/tokenize", "/decode", "/fill-mask", "/tag", "/health", "/ping", "/info", "/metrics"}
 
     def __init__(self):
         from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -421,7 +436,7 @@ class Metrics:
         self.last_rate = 0.0
 
     def count(self, route: str, status: int) -> None:
-        self.requests.labels(route=route, status=str(status)).inc()
+        self.requests.labels(route=route if route in self.KNOWN else "other", status=str(status)).inc()
 
     def observe_batch(self, stats: BatchStats) -> None:
         self.batch_inputs.observe(stats.inputs)
@@ -456,9 +471,9 @@ def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8080, options: Se
     import uvicorn
 
     options = options or ServeOptions()
-    model = ServedModel(model_dir, options.max_input_length, options.forward_batch_size, options.int8,
-                        options.bf16)
-    print(f"unmask serve: {model.path} ({model.head}; routes {', '.join('/' + r for r in model.routes)}) "
+    model = ServedModel(model_dir, options)
+    print(f"unmask serve: {model.name} ({model.head}; routes {', '.join('/' + r for r in model.routes)}) "
           f"on http://{host}:{port}", flush=True)
     uvicorn.run(create_app(model, options), host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=60)
+

@@ -1,0 +1,248 @@
+"""What `unmask serve` serves: a model directory, its tokenizer and the one task it answers.
+
+`ServedModel.fit` turns a request's inputs into encodings that fit the context, off the batching thread. Its cost is
+bounded by what it keeps, not by what it is sent: the tokenizer reads a window at the start of a text (its end for
+`truncation_direction="left"`), doubled until the window holds one token more than fits, so a 1M-character input
+with truncation costs about as much as a 1k-character one. Cuts are made on the token ids, as `tokenizers`
+truncates (the kept tokens are those of the whole text: only tokens clear of the window's cut edge are kept).
+`ServedModel.run` hands the encodings to the pipelines, on the batching thread.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from unmask import models
+from unmask.errors import CheckpointError, UnmaskError, UsageError
+from unmask.heads import SERVED_TASK, head_of
+from unmask.hub import read_config
+from unmask.pipelines.classify import window_logits
+from unmask.pipelines.embed import SentenceEncoder
+from unmask.pipelines.fill_mask import fill_mask_tokens
+from unmask.pipelines.tag import entities_of
+from unmask.tokenizer import load_tokenizer
+
+# the routes that answer for each served task (unmask.heads.SERVED_TASK)
+ROUTES = {"embed": ("embed", "embed_all", "similarity", "embeddings"), "fill-mask": ("fill-mask",),
+          "classify": ("predict", "rerank"), "tag": ("tag",)}
+DIRECTIONS = ("right", "left")
+_FIRST_WINDOW = 8  # characters of text read per token that may be kept, at first (the window doubles from there)
+
+
+class ServeError(UnmaskError):
+    """A request the server refuses: `status` and TEI's `error_type`."""
+
+    def __init__(self, status: int, message: str, error_type: str = "Validation"):
+        super().__init__(message)
+        self.status, self.message, self.error_type = status, message, error_type
+
+
+@dataclass
+class ServeOptions:
+    max_batch_tokens: int = 16384  # real tokens per forward pass
+    max_client_batch_size: int = 32  # inputs per request
+    forward_batch_size: int = 32  # sequences per forward pass: a batch of requests runs length-sorted in such passes
+    max_input_length: int | None = None  # tokens per input; default and ceiling: the model's context
+    truncation: str = "error"  # for requests that do not say: "error" (413) or "truncate" (TEI's --auto-truncate)
+    payload_limit: int = 2_000_000  # bytes per request body
+    int8: bool = False  # CPU: int8 dynamically quantised linear layers (models/quantize.py)
+    bf16: bool = False  # bfloat16 weights and activations (GPUs; CPUs with AVX512-BF16 or AMX)
+    served_model_name: str | None = None  # the name /info and the OpenAI route give (default: the directory's)
+    default_prompt_name: str | None = None  # a key of the model's sentence-transformers prompts, for every input
+    default_prompt: str | None = None  # a text put before every input (exclusive with default_prompt_name)
+
+    def __post_init__(self):
+        if self.truncation not in ("error", "truncate"):
+            raise UsageError(f"--truncation must be error or truncate, got {self.truncation!r}")
+        if self.int8 and self.bf16:
+            raise UsageError("--int8 and --bf16 exclude each other: choose one")
+        if self.default_prompt_name is not None and self.default_prompt is not None:
+            raise UsageError("--default_prompt_name and --default_prompt exclude each other: choose one")
+        for name in ("max_batch_tokens", "max_client_batch_size", "forward_batch_size", "payload_limit"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
+
+
+@dataclass
+class TokenIds:
+    """An input given as token ids (TEI's and OpenAI's `[int]` inputs): used as they are, special tokens included."""
+
+    ids: list[int]
+
+    @property
+    def type_ids(self) -> list[int]:
+        return [0] * len(self.ids)
+
+
+def read_prompts(path: Path) -> dict[str, str]:
+    """The `prompts` of a sentence-transformers directory (`config_sentence_transformers.json`), or none."""
+    config = path / "config_sentence_transformers.json"
+    if not config.exists():
+        return {}
+    prompts = json.loads(config.read_text()).get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise CheckpointError(f"{config}: 'prompts' must map names to texts")
+    return prompts
+
+
+class ServedModel:
+    """A model directory and the one thing it answers; `run` is called on the batching thread with many inputs."""
+
+    def __init__(self, path: str | Path, options: ServeOptions | None = None):
+        options = options or ServeOptions()
+        self.path = Path(path)
+        if not (self.path / "config.json").exists():
+            raise CheckpointError(f"{self.path}: not a model directory (no config.json)")
+        config = read_config(self.path)  # once: the head, the model and the tokenizer check all read it
+        model_head = head_of(config.architectures)
+        self.head = SERVED_TASK[model_head]
+        self.name = options.served_model_name or self.path.name
+        self.encoder = None
+        if self.head == "embed":
+            self.encoder = SentenceEncoder.from_pretrained(self.path, int8=options.int8, bf16=options.bf16,
+                                                           config=config)
+            self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
+            context = self.encoder.max_seq_length
+        else:
+            self.model = models.from_pretrained(self.path, model_head, int8=options.int8, bf16=options.bf16,
+                                                config=config).eval()
+            self.tokenizer = load_tokenizer(self.path, config)
+            context = self.model.config.max_position_embeddings
+        if options.max_input_length is not None and options.max_input_length < 3:
+            raise UsageError(f"--max_input_length must leave room for [CLS] and [SEP], got {options.max_input_length}")
+        self.max_input_length = min(options.max_input_length or context, context)
+        if self.encoder is not None:
+            self.encoder.max_seq_length = self.max_input_length
+        self.routes = ROUTES[self.head]
+        self.forward_batch_size = options.forward_batch_size
+        self.prompts = read_prompts(self.path)
+        self.default_prompt = options.default_prompt or ""
+        if options.default_prompt_name is not None:
+            self.default_prompt = self.prompt(options.default_prompt_name)
+        self.dtype = "bfloat16" if options.bf16 else "int8" if options.int8 else "float32"
+
+    def info(self) -> dict:
+        config = self.model.config
+        if self.head == "embed":
+            kind = {"embedding": {"pooling": self.encoder.pooling, "dimension": self.encoder.dimension}}
+        elif self.head == "classify":
+            labels = {"id2label": {str(k): v for k, v in config.id2label.items()}, "label2id": config.label2id}
+            kind = {"reranker" if config.num_labels == 1 else "classifier": labels}
+        else:
+            kind = {self.head: {"id2label": {str(k): v for k, v in config.id2label.items()}}
+                    if self.head == "tag" else {}}
+        return {"model_id": self.name, "model_sha": None, "model_dtype": self.dtype, "model_type": kind,
+                "architecture": config.model_type, "max_input_length": self.max_input_length,
+                "routes": list(self.routes), "prompts": sorted(self.prompts)}
+
+    def prompt(self, name: str | None) -> str:
+        """The text of a named prompt; the server's default prompt when no name is given."""
+        if name is None:
+            return self.default_prompt
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none (its config_sentence_transformers.json has no prompts)"
+            raise ServeError(422, f"prompt_name {name!r} is not one of the model's prompts: {known}")
+        return self.prompts[name]
+
+    # -- fitting inputs to the context (a worker thread, not the event loop) -----------------------------------
+
+    def fit(self, items: list, truncate: bool, direction: str = "right", prompt: str = "") -> list:
+        """One encoding per input (text, (query, text) pair or `TokenIds`), within `max_input_length`: a longer
+        input is refused (413) or, with `truncate`, cut at its last segment's end (`direction` "left": its start)."""
+        if direction not in DIRECTIONS:
+            raise ServeError(422, f"truncation_direction must be right or left, got {direction!r}")
+        fitted = []
+        for index, item in enumerate(items):
+            if isinstance(item, TokenIds):
+                fitted.append(self._fit_ids(index, item, truncate, direction))
+            else:
+                item = (item[0], prompt + item[1]) if isinstance(item, tuple) else prompt + item
+                fitted.append(self._fit_text(index, item, truncate, direction))
+        return fitted
+
+    def _fit_ids(self, index: int, item: TokenIds, truncate: bool, direction: str) -> TokenIds:
+        if not item.ids:
+            raise ServeError(400, f"input {index} is empty", "Empty")
+        vocabulary = self.model.config.vocab_size
+        if not all(0 <= i < vocabulary for i in item.ids):
+            raise ServeError(422, f"input {index}: token ids must lie in [0, {vocabulary})")
+        limit = self.max_input_length
+        if len(item.ids) > limit:
+            if not truncate:
+                raise ServeError(413, f"input {index} is {len(item.ids)} tokens, longer than the maximum of {limit}; "
+                                      "send \"truncate\": true to cut it")
+            return TokenIds(item.ids[:limit] if direction == "right" else item.ids[-limit:])
+        return item
+
+    def _fit_text(self, index: int, item, truncate: bool, direction: str):
+        backend = self.tokenizer.backend
+        query, text = item if isinstance(item, tuple) else (None, item)
+        room = self.max_input_length - backend.num_special_tokens_to_add(query is not None)
+        first = None
+        if query is not None:
+            first = self._window(query, room + 1, "right")
+            if len(first.ids) >= room:
+                raise ServeError(413, f"input {index}: its query alone fills the maximum of "
+                                      f"{self.max_input_length} tokens")
+            room -= len(first.ids)
+        second = self._window(text, room + 1, direction)
+        if len(second.ids) > room:
+            if not truncate:
+                raise ServeError(413, f"input {index} is longer than the maximum of {self.max_input_length} tokens; "
+                                      "send \"truncate\": true to cut it")
+            second.truncate(room, direction=direction)
+        if not second.ids or (first is not None and not first.ids):
+            raise ServeError(400, f"input {index} is empty (no tokens once normalised)", "Empty")
+        return backend.post_process(first or second, second if first is not None else None)
+
+    def _window(self, text: str, need: int, direction: str):
+        """The encoding (no special tokens) of the whole `text`, or of a window at its start (`direction` right) or
+        end holding at least `need` tokens that are exactly the whole text's: those of the words (as the tokenizer's
+        pre-tokenizer splits them) other than the one the window's edge may cut."""
+        backend, size = self.tokenizer.backend, max(need * _FIRST_WINDOW, 1024)
+        while size < len(text):
+            window = text[:size] if direction == "right" else text[-size:]
+            encoding = backend.encode(window, add_special_tokens=False)
+            words = encoding.word_ids  # the word at the window's cut edge may be cut: its tokens are not final
+            edge = (words[-1] if direction == "right" else words[0]) if words else None
+            exact = sum(word != edge for word in words)
+            if exact >= need:
+                encoding.truncate(exact, direction=direction)  # the tokens at the cut edge go
+                return encoding
+            size *= 2
+        return backend.encode(text, add_special_tokens=False)
+
+    # -- the forward passes (batching thread) ------------------------------------------------------------------
+
+    def run(self, kind: str, inputs: list, options: tuple) -> list:
+        """One result per input; `inputs` are (item, encoding) pairs, fitted to the limit already (nothing is cut
+        here, so "truncate" only takes the first and only window)."""
+        items, encodings = [item for item, _ in inputs], [encoding for _, encoding in inputs]
+        n, pad = self.forward_batch_size, self.tokenizer.pad_token_id
+        if kind == "embed":
+            return list(self.encoder.encode_tokens(encodings, n, normalize=False, show_progress=False,
+                                                   truncation="truncate"))
+        if kind == "embed_all":
+            return self.encoder.token_vectors(encodings, n)
+        if kind in ("predict", "rerank"):
+            return list(window_logits(self.model, encodings, pad, "truncate", batch_size=n))
+        if kind == "fill-mask":
+            return fill_mask_tokens(self.model, self.tokenizer, encodings, top_k=options[0], batch_size=n)
+        if kind == "tag":
+            return entities_of(self.model, items, encodings, pad, truncation="truncate", batch_size=n)
+        raise ValueError(f"unknown kind {kind!r}")
+
+
+def matryoshka(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """(N, H) -> (N, dimensions): the first `dimensions` of each vector, then L2-normalised when asked."""
+    if dimensions is not None:
+        if not 1 <= dimensions <= vectors.shape[1]:
+            raise ServeError(422, f"dimensions must be between 1 and the model's {vectors.shape[1]}, got {dimensions}")
+        vectors = vectors[:, :dimensions]
+    if normalize:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return vectors
