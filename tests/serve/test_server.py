@@ -1,12 +1,10 @@
-"""`unmask serve`: the real server on a free loopback port, spoken to over HTTP. Every route, the bad inputs, answers
-equal to the offline functions, dynamic batching under concurrent load, graceful shutdown on SIGTERM."""
+"""`unmask serve`: the real server on a free loopback port (conftest.py), spoken to over HTTP. Every route, the
+bad inputs, answers equal to the offline functions, dynamic batching under concurrent load, graceful shutdown on SIGTERM."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,76 +17,15 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from unmask.config import BertConfig  # noqa: E402
-from unmask.models.bert import (  # noqa: E402
-    BertForMaskedLM,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-    BertModel,
-)
 
 TEXTS = ["the old sailor remembered the lighthouse", "a young doctor painted seventeen wooden chairs",
          "the committee celebrated", "our teacher misunderstood a letter from Lisbon before dawn"]
 LONG = " ".join(["the quiet librarian carried the broken telescope"] * 12)  # ~100 tokens, context 64
 
 
-def config(tokenizer, **extra) -> BertConfig:
-    return BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=64, **extra)
-
-
 @pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory, tokenizer):
-    torch.manual_seed(0)
-    root = tmp_path_factory.mktemp("served")
-    labels = {0: "neg", 1: "pos"}
-    tags = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
-    made = {"embed": BertModel(config(tokenizer)),
-            "classify": BertForSequenceClassification(config(tokenizer, id2label=labels, num_labels=2)),
-            "fill-mask": BertForMaskedLM(config(tokenizer)),
-            "tag": BertForTokenClassification(config(tokenizer, id2label=tags, num_labels=5))}
-    for name, model in made.items():
-        model.save_pretrained(root / name, tokenizer=tokenizer)
-    return {name: root / name for name in made}
-
-
-class Server:
-    def __init__(self, model_dir, *flags: str):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen([sys.executable, "-m", "unmask.cli", "serve", str(model_dir), "--port",
-                                      str(self.port), "--log_level", "warning", *flags],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {self.proc.stderr.read()}")
-            try:
-                if self.call("GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError("the server did not come up in 90 s")
-
-    def call(self, method: str, path: str, body=None, raw: bytes | None = None, headers: dict | None = None):
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        connection.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-        response = connection.getresponse()
-        payload = response.read().decode()
-        connection.close()
-        kind = response.getheader("content-type") or ""
-        return response.status, json.loads(payload) if "json" in kind else payload
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=60)
-
-
-@pytest.fixture(scope="module")
-def servers(model_dirs):
-    started = {name: Server(path, "--max_client_batch_size", "8") for name, path in model_dirs.items()}
+def servers(model_dirs, server_class):
+    started = {name: server_class(path, "--max_client_batch_size", "8") for name, path in model_dirs.items()}
     yield started
     for server in started.values():
         if server.proc.poll() is None:
@@ -140,6 +77,7 @@ def test_predict_and_rerank_equal_offline(servers, model_dirs, tokenizer):
 
 
 def test_fill_mask_and_tag_equal_offline(servers, model_dirs, tokenizer):
+    from unmask.models.bert import BertForMaskedLM
     from unmask.pipelines.fill_mask import fill_mask
     from unmask.pipelines.tag import predict_entities
     from unmask.train.finetune import load_head_model
@@ -229,8 +167,8 @@ def _batches(server) -> int:
                            if line.startswith("unmask_batch_inputs_count"))))
 
 
-def test_sigterm_finishes_in_flight_requests(model_dirs):
-    server = Server(model_dirs["embed"], "--truncation", "truncate")
+def test_sigterm_finishes_in_flight_requests(model_dirs, server_class):
+    server = server_class(model_dirs["embed"], "--truncation", "truncate")
     statuses, finished = [], []
     first_answer = threading.Event()
 

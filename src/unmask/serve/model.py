@@ -11,6 +11,7 @@ truncates (the kept tokens are those of the whole text: only tokens clear of the
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ ROUTES = {"embed": ("embed", "embed_all", "similarity", "embeddings"), "fill-mas
           "classify": ("predict", "rerank"), "tag": ("tag",)}
 DIRECTIONS = ("right", "left")
 _FIRST_WINDOW = 8  # characters of text read per token that may be kept, at first (the window doubles from there)
+_WORD_END = re.compile(r"\S(?=\s)")  # the last character of a word followed by a space
+_WORD_START = re.compile(r"\s(?=\S)")  # the space before a word
 
 
 class ServeError(UnmaskError):
@@ -130,7 +133,9 @@ class ServedModel:
         if self.head == "embed":
             kind = {"embedding": {"pooling": self.encoder.pooling, "dimension": self.encoder.dimension}}
         elif self.head == "classify":
-            labels = {"id2label": {str(k): v for k, v in config.id2label.items()}, "label2id": config.label2id}
+            id2label = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
+            labels = {"id2label": {str(k): v for k, v in id2label.items()},
+                      "label2id": {v: int(k) for k, v in id2label.items()}}
             kind = {"reranker" if config.num_labels == 1 else "classifier": labels}
         else:
             kind = {self.head: {"id2label": {str(k): v for k, v in config.id2label.items()}}
@@ -201,17 +206,27 @@ class ServedModel:
 
     def _window(self, text: str, need: int, direction: str):
         """The encoding (no special tokens) of the whole `text`, or of a window at its start (`direction` right) or
-        end holding at least `need` tokens that are exactly the whole text's: those of the words (as the tokenizer's
-        pre-tokenizer splits them) other than the one the window's edge may cut."""
-        backend, size = self.tokenizer.backend, max(need * _FIRST_WINDOW, 1024)
-        while size < len(text):
-            window = text[:size] if direction == "right" else text[-size:]
-            encoding = backend.encode(window, add_special_tokens=False)
-            words = encoding.word_ids  # the word at the window's cut edge may be cut: its tokens are not final
-            edge = (words[-1] if direction == "right" else words[0]) if words else None
-            exact = sum(word != edge for word in words)
-            if exact >= need:
-                encoding.truncate(exact, direction=direction)  # the tokens at the cut edge go
+        end that holds at least `need` tokens. A window ends (or starts) between a word and a space, so its tokens
+        are exactly the whole text's; it doubles, stepping over runs of spaces, until it holds enough."""
+        backend, size, n = self.tokenizer.backend, max(need * _FIRST_WINDOW, 1024), len(text)
+        while size < n:
+            if direction == "right":
+                end = n - len(text[size:].lstrip())  # past the run of spaces at the edge, if any
+                if end == n:  # only spaces follow: they hold no token (of a WordPiece vocabulary)
+                    return backend.encode(text[:size], add_special_tokens=False)
+                found = _WORD_END.search(text, end)
+                if found is None:
+                    break
+                encoding, size = backend.encode(text[: found.start() + 1], add_special_tokens=False), found.start()
+            else:
+                start = len(text[: n - size].rstrip())
+                if start == 0:
+                    return backend.encode(text[n - size :], add_special_tokens=False)
+                found = _last_match(_WORD_START, text, start)
+                if found is None:
+                    break
+                encoding, size = backend.encode(text[found:], add_special_tokens=False), n - found
+            if len(encoding.ids) >= need:
                 return encoding
             size *= 2
         return backend.encode(text, add_special_tokens=False)
@@ -246,3 +261,17 @@ def matryoshka(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> 
     if normalize:
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     return vectors
+
+
+def _last_match(pattern: re.Pattern, text: str, before: int) -> int | None:
+    """Where the last match of `pattern` that starts before `before` starts (searched backwards a chunk at a time,
+    so the cost is that of the chunks read)."""
+    chunk = 4096
+    while before > 0:
+        begin = max(0, before - chunk)
+        starts = [m.start() for m in pattern.finditer(text, begin, min(len(text), before + 1))]
+        starts = [i for i in starts if i < before]
+        if starts:
+            return starts[-1]
+        before, chunk = begin, chunk * 2
+    return None

@@ -1,0 +1,163 @@
+"""TEI 1.9's fields and routes on `unmask serve`, its bounded cost for any input, and hostile bodies answered 4xx."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+
+from unmask.serve.model import ServedModel, ServeOptions, TokenIds  # noqa: E402
+
+TEXT = "the old sailor remembered the lighthouse"
+
+
+@pytest.fixture(scope="module")
+def prompted_dir(model_dirs, tmp_path_factory):
+    """The tiny encoder with sentence-transformers prompts."""
+    path = tmp_path_factory.mktemp("prompted") / "embed"
+    shutil.copytree(model_dirs["embed"], path)
+    (path / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "query: "}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def embed_server(prompted_dir, server_class):
+    server = server_class(prompted_dir)
+    yield server
+    server.stop()
+
+
+def _long_text(n_words: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    words = ["lighthouse", "naïve", "café", "東京", "tokenization", "a", "remembered", "!", "12.5", "ünïcödé"]
+    return " ".join(rng.choice(words) for _ in range(n_words))
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_a_cut_keeps_exactly_the_tokens_tokenizers_truncation_keeps(model_dirs, direction):
+    served = ServedModel(model_dirs["embed"])  # context 64
+    backend = served.tokenizer.backend
+    for seed in range(5):
+        text = _long_text(3_000, seed)
+        backend.enable_truncation(64, direction=direction)
+        want_single = backend.encode(text).ids
+        backend.enable_truncation(64, direction=direction, strategy="only_second")
+        want_pair = backend.encode("a query", text).ids
+        backend.no_truncation()
+        single, pair = served.fit([text, ("a query", text)], truncate=True, direction=direction)
+        assert single.ids == want_single and pair.ids == want_pair and len(single.ids) == 64
+    with pytest.raises(Exception, match="longer than the maximum of 64 tokens"):
+        served.fit([_long_text(100)], truncate=False)
+    ids = TokenIds(list(range(5, 105)))
+    assert served.fit([ids], truncate=True, direction=direction)[0].ids == (ids.ids[:64] if direction == "right"
+                                                                            else ids.ids[-64:])
+
+
+def test_the_work_is_bounded_by_what_is_kept_not_by_what_is_sent(embed_server):
+    """Seconds per request: a 1M-character text with truncation costs what its first window costs; the worst a 2 MB
+    body can hold (one word of 1.9M characters, which must be read whole to know its tokens) stays bounded too."""
+    embed_server.call("POST", "/embed", {"inputs": TEXT})  # warm
+    bodies = [({"inputs": _long_text(150_000), "truncate": True}, 1.0),  # about 1M characters
+              ({"inputs": [_long_text(2_000, seed) for seed in range(32)], "truncate": True}, 1.0),
+              ({"inputs": "  " * 900_000 + TEXT, "truncate": True, "truncation_direction": "left"}, 1.0),
+              ({"inputs": "x" * 1_900_000, "truncate": True}, 3.0)]
+    for body, limit in bodies:
+        started = time.perf_counter()
+        status, vectors = embed_server.call("POST", "/embed", body)
+        assert status == 200 and time.perf_counter() - started < limit, (status, time.perf_counter() - started)
+    status, error = embed_server.call("POST", "/embed", {"inputs": _long_text(150_000)})
+    assert status == 413 and "longer than the maximum of 64 tokens" in error["error"]
+
+
+def test_prompts_dimensions_token_ids_and_left_truncation(embed_server, prompted_dir):
+    encoder_dir = prompted_dir
+    from unmask.pipelines.embed import SentenceEncoder
+
+    encoder = SentenceEncoder.from_pretrained(encoder_dir)
+    _, prompted = embed_server.call("POST", "/embed", {"inputs": TEXT, "prompt_name": "query"})
+    assert np.abs(np.array(prompted) - encoder.encode(["query: " + TEXT], normalize=True)).max() < 1e-5
+    status, error = embed_server.call("POST", "/embed", {"inputs": TEXT, "prompt_name": "passage"})
+    assert status == 422 and "not one of the model's prompts: query" in error["error"]
+    _, full = embed_server.call("POST", "/embed", {"inputs": TEXT, "normalize": False})
+    _, short = embed_server.call("POST", "/embed", {"inputs": TEXT, "dimensions": 8})
+    cut = np.array(full[0][:8])
+    assert np.abs(np.array(short[0]) - cut / np.linalg.norm(cut)).max() < 1e-6
+    for bad in (0, 33):
+        status, error = embed_server.call("POST", "/embed", {"inputs": TEXT, "dimensions": bad})
+        assert status == 422 and "dimensions must be between 1 and the model's 32" in error["error"]
+    ids = encoder.tokenizer.encode(TEXT)
+    _, from_ids = embed_server.call("POST", "/embed", {"inputs": [ids]})
+    _, from_text = embed_server.call("POST", "/embed", {"inputs": [TEXT]})
+    assert np.abs(np.array(from_ids) - np.array(from_text)).max() < 1e-6
+    status, error = embed_server.call("POST", "/embed", {"inputs": [[1, 2, 10**6]]})
+    assert status == 422 and "token ids must lie in [0, 300)" in error["error"]
+
+
+def test_main_route_health_decode_tokenize_and_similarity(embed_server):
+    assert embed_server.call("GET", "/")[0] == 200 and embed_server.call("GET", "/ping")[0] == 200
+    _, direct = embed_server.call("POST", "/embed", {"inputs": TEXT})
+    for path in ("/", "/invocations"):
+        status, dispatched = embed_server.call("POST", path, {"inputs": TEXT})
+        assert status == 200 and np.abs(np.array(dispatched) - np.array(direct)).max() < 1e-6
+    _, scores = embed_server.call("POST", "/similarity", {"inputs": {"source_sentence": TEXT,
+                                                                      "sentences": [TEXT, "a letter"]}})
+    assert abs(scores[0] - 1) < 1e-5 and len(scores) == 2
+    _, tokens = embed_server.call("POST", "/tokenize", {"inputs": "naïve café"})
+    words = [t for t in tokens[0] if not t["special"]]
+    raw = "naïve café".encode()
+    assert words[0]["start"] == 0 and words[-1]["stop"] == len(raw) == 12  # UTF-8 bytes, not characters
+    ids = [t["id"] for t in tokens[0]]
+    assert embed_server.call("POST", "/decode", {"ids": ids})[1] == ["naive cafe"]
+    decoded = embed_server.call("POST", "/decode", {"ids": [ids, ids[:2]], "skip_special_tokens": False})[1]
+    assert decoded[1].startswith("[CLS] n") and decoded[0].endswith("[SEP]")
+    status, all_tokens = embed_server.call("POST", "/embed_all", {"inputs": [TEXT, "a letter"]})
+    assert status == 200 and [len(x) for x in all_tokens] == [len(embed_server.call(
+        "POST", "/tokenize", {"inputs": t})[1][0]) for t in (TEXT, "a letter")] and len(all_tokens[0][0]) == 32
+
+
+def test_predict_reads_inputs_as_tei_does(model_dirs, server_class):
+    server = server_class(model_dirs["classify"])
+    try:
+        _, pair = server.call("POST", "/predict", {"inputs": ["the old sailor", "remembered"]})
+        _, batch = server.call("POST", "/predict", {"inputs": [["the old sailor", "remembered"], ["a letter"]]})
+        _, singles = server.call("POST", "/predict", {"inputs": [["the old sailor"], ["remembered"]]})
+        status, error = server.call("POST", "/predict", {"inputs": ["a", "b", "c"]})
+        _, hf = server.call("POST", "/", {"inputs": "the old sailor", "parameters": {"top_k": 1}})
+    finally:
+        server.stop()
+    assert isinstance(pair[0], dict) and pair == batch[0]  # a flat pair is one input
+    assert len(singles) == 2 and singles[0] != pair
+    assert status == 422 and "one pair [a, b], got 3 strings" in error["error"]
+    assert len(hf) == 1 and len(hf[0]) == 1  # the Hugging Face shape: a list per input, top_k honoured
+
+
+@pytest.mark.parametrize("raw,needle", [
+    (b"[" * 1000 + b"]" * 1000, "nested too deeply"),
+    (b'{"inputs": ' + b"7" * 5000 + b"}", "malformed JSON"),
+    (b'{"inputs": "\\ud800"}', "lone UTF-16 surrogate"),
+    (b'{"inputs": NaN}', "NaN is not JSON"),
+    (b'{"inputs": "a", "normalize": Infinity}', "Infinity is not JSON"),
+])
+def test_hostile_bodies_are_a_4xx_not_a_500(embed_server, raw, needle):
+    status, error = embed_server.call("POST", "/embed", raw=raw)
+    assert status == 400 and needle in error["error"], (status, error)
+    assert embed_server.call("GET", "/health")[0] == 200
+
+
+def test_made_up_paths_add_no_metrics_series(embed_server):
+    before = len(embed_server.call("GET", "/metrics")[1])
+    for k in range(300):
+        embed_server.call("GET", f"/made-up-{k}")
+    after = len(embed_server.call("GET", "/metrics")[1])
+    assert after - before < 500, after - before
+
+
+def test_served_options_are_checked():
+    with pytest.raises(Exception, match="exclude each other"):
+        ServeOptions(default_prompt_name="query", default_prompt="query: ")
