@@ -1,5 +1,6 @@
 """`unmask serve`: the real server on a free loopback port (conftest.py), spoken to over HTTP. Every route, the
-bad inputs, answers equal to the offline functions, dynamic batching under concurrent load, graceful shutdown on SIGTERM."""
+bad inputs, answers equal to the offline functions, dynamic batching under concurrent load, graceful shutdown on
+SIGTERM."""
 
 from __future__ import annotations
 
