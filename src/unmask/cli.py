@@ -98,6 +98,15 @@ _HELP = {
     "max_input_length": "tokens per input (default and ceiling: the model's context)",
     "truncation": "for requests that do not send 'truncate': refuse longer inputs (error) or cut them (truncate)",
     "payload_limit": "bytes per request body",
+    "served_model_name": "the model's name in /info and OpenAI answers (default: the directory's name)",
+    "default_prompt_name": "a prompt of the model's config_sentence_transformers.json put before every input that "
+                           "names none",
+    "default_prompt": "a text put before every input that names no prompt",
+    "max_concurrent_requests": "requests in flight at once; more are answered 429",
+    "tokenization_workers": "threads that tokenize requests, beside the model's thread",
+    "api_key": "require 'Authorization: Bearer KEY' on every route but GET /, /health, /ping and /metrics",
+    "graceful_timeout": "seconds a SIGTERM waits for requests in flight, then the server exits",
+    "max_fill_mask_answers": "fill-mask: masks x top_k per request (413 beyond)",
     "int8": "CPU only: int8 dynamically quantised linear layers, faster and slightly less accurate (BENCHMARKS.md)",
     "bf16_inference": "bfloat16 weights and activations: faster on GPUs and on CPUs with AVX512-BF16 or AMX "
                       "(outputs within bf16 rounding of fp32; BENCHMARKS.md)",

@@ -161,3 +161,82 @@ def test_made_up_paths_add_no_metrics_series(embed_server):
 def test_served_options_are_checked():
     with pytest.raises(Exception, match="exclude each other"):
         ServeOptions(default_prompt_name="query", default_prompt="query: ")
+
+
+def test_api_key_guards_model_routes_and_leaves_health_open(model_dirs, server_class, minilm_dir):
+    openai = pytest.importorskip("openai")
+    server = server_class(minilm_dir, "--api_key", "s3cret", "--served_model_name", "minilm")
+    try:
+        status, error = server.call("POST", "/embed", {"inputs": TEXT})
+        assert status == 401 and error["error_type"] == "Unauthorized"
+        assert server.call("GET", "/health")[0] == 200 and server.call("GET", "/metrics")[0] == 200
+        assert server.call("POST", "/embed", {"inputs": TEXT}, headers={"Authorization": "Bearer s3cret"})[0] == 200
+        good = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="s3cret")
+        assert good.embeddings.create(model="minilm", input=TEXT).model == "minilm"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="wrong").embeddings.create(
+                model="minilm", input=TEXT)
+        status, info = server.call("GET", "/info", headers={"Authorization": "Bearer s3cret"})
+        assert info["model_id"] == "minilm" and str(minilm_dir) not in json.dumps(info)  # no absolute path shown
+    finally:
+        server.stop()
+
+
+def test_timing_headers_and_bounded_fill_mask(model_dirs, server_class):
+    import http.client
+
+    server = server_class(model_dirs["fill-mask"], "--max_fill_mask_answers", "1000")
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        connection.request("POST", "/fill-mask", body=json.dumps({"inputs": "the old [MASK] sailor"}),
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        response.read()
+        headers = {k.lower(): v for k, v in response.getheaders()}
+        for name in ("compute-time", "compute-tokens", "queue-time", "inference-time", "tokenization-time",
+                     "total-time"):
+            assert int(headers[f"x-{name}"]) >= 0
+        assert int(headers["x-compute-tokens"]) == 6
+        many = " ".join(["[MASK]"] * 60)
+        started = time.perf_counter()
+        status, error = server.call("POST", "/fill-mask", {"inputs": many, "top_k": 50})
+        assert status == 413 and "60 masks x top_k 50 = 3000 answers" in error["error"]
+        assert time.perf_counter() - started < 1.0
+        status, answers = server.call("POST", "/fill-mask", {"inputs": "the [MASK] sailor", "top_k": 10**6})
+        assert status == 200 and len(answers) == 300  # top_k is at most the vocabulary
+    finally:
+        server.stop()
+
+
+def test_requests_beyond_the_concurrency_cap_get_429():
+    """The gate in front of the app: with one request in flight and a cap of one, the next is refused at once."""
+    import asyncio
+
+    from unmask.serve.server import Gate, Metrics
+
+    class Service:
+        options, metrics = ServeOptions(max_concurrent_requests=1), Metrics()
+
+    release = asyncio.Event()
+
+    async def slow_app(scope, receive, send):
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def scenario():
+        gate, sent = Gate(slow_app, Service()), {1: [], 2: []}
+        scope = {"type": "http", "method": "POST", "path": "/embed", "headers": []}
+        first = asyncio.create_task(gate(scope, None, lambda m: _append(sent[1], m)))
+        await asyncio.sleep(0)  # the first request is now in flight
+        await gate(scope, None, lambda m: _append(sent[2], m))
+        release.set()
+        await first
+        return sent
+
+    sent = asyncio.run(scenario())
+    assert sent[2][0]["status"] == 429 and b"Overloaded" in sent[2][1]["body"] and sent[1][0]["status"] == 200
+
+
+async def _append(messages: list, message: dict) -> None:
+    messages.append(message)

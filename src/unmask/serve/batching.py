@@ -29,6 +29,8 @@ class Job:
     future: asyncio.Future | None = None
     loop: asyncio.AbstractEventLoop | None = None
     enqueued: float = field(default_factory=time.perf_counter)
+    started: float = 0.0  # when its forward pass began
+    finished: float = 0.0
 
 
 @dataclass
@@ -67,12 +69,13 @@ class Batcher:
             self._wakeup.notify()
         return await job.future
 
-    def close(self) -> None:
-        """Finish every queued job, then stop the worker."""
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the queued jobs, then stop the worker; after `timeout` seconds, stop waiting (the worker is a
+        daemon thread: the process ends without it)."""
         with self._wakeup:
             self._closing = True
             self._wakeup.notify()
-        self._worker.join()
+        self._worker.join(timeout)
 
     def _take(self) -> list[Job] | None:
         """The oldest job and the later ones of its kind that fit the budget with it (at least one job)."""
@@ -102,9 +105,10 @@ class Batcher:
                 results, error = self.run(batch[0].kind, inputs, batch[0].options), None
             except Exception as e:  # noqa: BLE001 - handed to every caller of the batch
                 results, error = None, e
-            elapsed = time.perf_counter() - started
-            start = 0
+            finished = time.perf_counter()
+            elapsed, start = finished - started, 0
             for job in batch:
+                job.started, job.finished = started, finished
                 if error is None:
                     part = results[start : start + len(job.inputs)]
                     job.loop.call_soon_threadsafe(_resolve, job.future, part, None)

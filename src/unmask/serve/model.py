@@ -57,15 +57,23 @@ class ServeOptions:
     served_model_name: str | None = None  # the name /info and the OpenAI route give (default: the directory's)
     default_prompt_name: str | None = None  # a key of the model's sentence-transformers prompts, for every input
     default_prompt: str | None = None  # a text put before every input (exclusive with default_prompt_name)
+    max_concurrent_requests: int = 512  # requests in flight at once; more are answered 429 (TEI's default)
+    tokenization_workers: int = 2  # threads that tokenize and fit requests (the model has its own thread)
+    api_key: str | None = None  # when set, model routes need "Authorization: Bearer <api_key>"
+    graceful_timeout: float = 30.0  # seconds a SIGTERM waits for requests in flight before the process exits
+    max_fill_mask_answers: int = 10_000  # fill-mask: masks x top_k over a request's inputs (413 beyond)
 
     def __post_init__(self):
         if self.truncation not in ("error", "truncate"):
             raise UsageError(f"--truncation must be error or truncate, got {self.truncation!r}")
         if self.int8 and self.bf16:
             raise UsageError("--int8 and --bf16 exclude each other: choose one")
+        if self.graceful_timeout < 0:
+            raise UsageError(f"--graceful_timeout cannot be negative, got {self.graceful_timeout}")
         if self.default_prompt_name is not None and self.default_prompt is not None:
             raise UsageError("--default_prompt_name and --default_prompt exclude each other: choose one")
-        for name in ("max_batch_tokens", "max_client_batch_size", "forward_batch_size", "payload_limit"):
+        for name in ("max_batch_tokens", "max_client_batch_size", "forward_batch_size", "payload_limit",
+                     "max_concurrent_requests", "tokenization_workers", "max_fill_mask_answers"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
 

@@ -95,6 +95,7 @@ class DecodeRequest(Request):
 class FillMaskRequest(Request):
     inputs: str | list[str]
     top_k: int = Field(5, ge=1)
+    truncate: bool | None = None
 
 
 class TagRequest(Request):

@@ -21,7 +21,10 @@ wrong fields.
 from __future__ import annotations
 
 import base64
+import contextvars
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -30,7 +33,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 
 from unmask.pipelines.classify import label_scores, ranked, relevance
 from unmask.serve.batching import Batcher, BatchStats, Job
@@ -50,6 +52,8 @@ from unmask.serve.schemas import (
 )
 
 OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")
+OPEN_ROUTES = ("/", "/health", "/ping", "/metrics")  # GET routes anyone may call, with --api_key too
+_timings: contextvars.ContextVar[dict] = contextvars.ContextVar("timings")  # this request's, for its headers
 
 
 @dataclass
@@ -60,6 +64,19 @@ class Service:
     options: ServeOptions
     metrics: "Metrics" = field(default_factory=lambda: Metrics())
     batcher: Batcher | None = None
+    tokenizers: ThreadPoolExecutor | None = None
+
+    def __post_init__(self):
+        self.tokenizers = ThreadPoolExecutor(self.options.tokenization_workers, thread_name_prefix="unmask-tokenize")
+
+    async def in_tokenizer_thread(self, fn, *args):
+        """`fn(*args)` on a tokenization worker (never on the event loop, never on the model's thread)."""
+        import asyncio
+
+        started = time.perf_counter()
+        result = await asyncio.get_running_loop().run_in_executor(self.tokenizers, fn, *args)
+        _record(tokenization=time.perf_counter() - started)
+        return result
 
     def serves(self, route: str) -> None:
         if route not in self.model.routes:
@@ -86,11 +103,19 @@ class Service:
         truncate = self.options.truncation == "truncate" if truncate is None else truncate
         direction = fitting.truncation_direction.lower() if fitting is not None else "right"
         prompt = self.model.prompt(getattr(fitting, "prompt_name", None)) if kind in ("embed", "embed_all") else ""
-        encodings = await run_in_threadpool(self.model.fit, items, truncate, direction, prompt)
+        encodings = await self.in_tokenizer_thread(self.model.fit, items, truncate, direction, prompt)
         check(encodings)
         tokens = sum(len(e.ids) for e in encodings)
-        results = await self.batcher.submit(Job(kind, list(zip(items, encodings)), tokens, job_options))
+        job = Job(kind, list(zip(items, encodings)), tokens, job_options)
+        results = await self.batcher.submit(job)
+        _record(queue=job.started - job.enqueued, inference=job.finished - job.started, tokens=tokens)
         return results, tokens
+
+
+def _record(**values) -> None:
+    timings = _timings.get(None)
+    if timings is not None:
+        timings.update(values)
 
 
 def create_app(model: ServedModel, options: ServeOptions):
@@ -101,11 +126,14 @@ def create_app(model: ServedModel, options: ServeOptions):
     async def lifespan(app):
         service.batcher = Batcher(model.run, options.max_batch_tokens, service.metrics.observe_batch)
         yield
-        service.batcher.close()  # uvicorn has finished the in-flight requests when this runs
+        # uvicorn has finished the requests in flight (or --graceful_timeout has passed) when this runs
+        service.batcher.close(timeout=options.graceful_timeout)
+        service.tokenizers.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="unmask serve", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   description=f"Serving {model.name} ({model.head}).")
     app.add_middleware(BodyGuard, limit=options.payload_limit)
+    app.add_middleware(Gate, service=service)  # outermost: refused requests cost nothing more
     _add_error_handlers(app, service)
     handlers = {**_add_embedding_routes(app, service), **_add_classification_routes(app, service),
                 **_add_token_routes(app, service)}
@@ -236,7 +264,7 @@ def _add_token_routes(app, service: Service) -> dict:
 
         items, _ = service.batch(body.inputs)
         prompt = model.prompt(body.prompt_name)
-        encodings = await run_in_threadpool(model.fit, items, False, "right", prompt)  # bounded like every input
+        encodings = await service.in_tokenizer_thread(model.fit, items, False, "right", prompt)  # bounded
         service.metrics.count("/tokenize", 200)
         return [_tokens(prompt + text, enc, model, body.add_special_tokens) for text, enc in zip(items, encodings)]
 
@@ -256,12 +284,18 @@ def _add_token_routes(app, service: Service) -> dict:
         items, single = service.batch(body.inputs)
         mask = model.tokenizer.mask_token_id
 
-        def has_masks(encodings) -> None:
-            for i, encoding in enumerate(encodings):
-                if mask not in encoding.ids:
-                    raise ServeError(422, f"input {i} has no {model.tokenizer.convert_ids_to_tokens([mask])[0]}")
+        top_k = min(body.top_k, model.model.config.vocab_size)
 
-        results, _ = await service.run("fill-mask", items, None, (body.top_k,), has_masks)
+        def bounded(encodings) -> None:  # the answer's size is known before any work is queued
+            masks = [encoding.ids.count(mask) for encoding in encodings]
+            for i, count in enumerate(masks):
+                if not count:
+                    raise ServeError(422, f"input {i} has no {model.tokenizer.convert_ids_to_tokens([mask])[0]}")
+            if sum(masks) * top_k > service.options.max_fill_mask_answers:
+                raise ServeError(413, f"{sum(masks)} masks x top_k {top_k} = {sum(masks) * top_k} answers, more than "
+                                      f"the server's maximum of {service.options.max_fill_mask_answers}")
+
+        results, _ = await service.run("fill-mask", items, Fitting(truncate=body.truncate), (top_k,), bounded)
         service.metrics.count("/fill-mask", 200)
         return results[0] if single else results
 
@@ -320,6 +354,8 @@ def _add_service_routes(app, service: Service, handlers: dict) -> None:
     async def info() -> dict:
         return {**model.info(), "max_batch_tokens": options.max_batch_tokens,
                 "max_client_batch_size": options.max_client_batch_size, "max_batch_requests": None,
+                "max_concurrent_requests": options.max_concurrent_requests,
+                "tokenization_workers": options.tokenization_workers,
                 "auto_truncate": options.truncation == "truncate", "payload_limit": options.payload_limit,
                 "version": _version()}
 
@@ -338,6 +374,56 @@ def _validated(schema, body: dict):
         return schema.model_validate(body)
     except ValidationError as e:
         raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from e
+
+
+class Gate:
+    """ASGI middleware, before anything else: the API key on model routes (401), the cap on requests in flight
+    (429, TEI's "Overloaded"), and TEI's timing headers on every answer."""
+
+    def __init__(self, app, service: Service):
+        self.app, self.service, self.in_flight = app, service, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        options, path = self.service.options, scope["path"]
+        if options.api_key and not (scope["method"] == "GET" and path in OPEN_ROUTES):
+            given = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+            if given != f"Bearer {options.api_key}":
+                self.service.metrics.count(path, 401)
+                return await _reply(send, 401, "a valid 'Authorization: Bearer <key>' header is required",
+                                    "Unauthorized")
+        if self.in_flight >= options.max_concurrent_requests:
+            self.service.metrics.count(path, 429)
+            return await _reply(send, 429, f"the server has {self.in_flight} requests in flight, its maximum: retry",
+                                "Overloaded")
+        self.in_flight += 1
+        timings, started = {}, time.perf_counter()
+        _timings.set(timings)
+
+        async def send_with_timings(message):
+            if message["type"] == "http.response.start" and "tokens" in timings:
+                headers = list(message.get("headers", []))
+                headers += [(f"x-{name}".encode(), str(value).encode()) for name, value in _headers(timings, started)]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            return await self.app(scope, receive, send_with_timings)
+        finally:
+            self.in_flight -= 1
+
+
+def _headers(timings: dict, started: float) -> list[tuple[str, int]]:
+    """TEI's timing headers, in milliseconds (x-compute-tokens: the real tokens of the request)."""
+    def ms(seconds: float) -> int:
+        return int(round(seconds * 1000))
+
+    compute = timings.get("tokenization", 0.0) + timings["inference"]
+    return [("compute-time", ms(compute)), ("compute-tokens", timings["tokens"]),
+            ("queue-time", ms(timings["queue"])), ("inference-time", ms(timings["inference"])),
+            ("tokenization-time", ms(timings.get("tokenization", 0.0))),
+            ("total-time", ms(time.perf_counter() - started))]
 
 
 class BodyGuard:
@@ -474,6 +560,6 @@ def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8080, options: Se
     model = ServedModel(model_dir, options)
     print(f"unmask serve: {model.name} ({model.head}; routes {', '.join('/' + r for r in model.routes)}) "
           f"on http://{host}:{port}", flush=True)
-    uvicorn.run(create_app(model, options), host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=60)
+    uvicorn.run(create_app(model, options), host=host, port=port, log_level=log_level, timeout_keep_alive=5,
+                timeout_graceful_shutdown=options.graceful_timeout)
 
