@@ -107,6 +107,8 @@ _HELP = {
     "api_key": "require 'Authorization: Bearer KEY' on every route but GET /, /health, /ping and /metrics",
     "graceful_timeout": "seconds a SIGTERM waits for requests in flight, then the server exits",
     "max_fill_mask_answers": "fill-mask: masks x top_k per request (413 beyond)",
+    "pooling": "an encoder's pooling (mean, cls, max; default: its directory's), or splade: serve a masked-LM "
+               "directory's SPLADE vectors on /embed_sparse",
     "int8": "CPU only: int8 dynamically quantised linear layers, faster and slightly less accurate (BENCHMARKS.md)",
     "bf16_inference": "bfloat16 weights and activations: faster on GPUs and on CPUs with AVX512-BF16 or AMX "
                       "(outputs within bf16 rounding of fp32; BENCHMARKS.md)",

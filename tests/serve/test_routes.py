@@ -249,3 +249,39 @@ def test_requests_beyond_the_concurrency_cap_get_429():
 
 async def _append(messages: list, message: dict) -> None:
     messages.append(message)
+
+
+def test_embed_sparse_serves_splade_vectors_of_a_masked_lm(model_dirs, server_class):
+    import subprocess
+    import sys
+
+    import torch
+
+    from unmask.models import from_pretrained
+    from unmask.tokenizer import Tokenizer
+
+    texts = ["the old sailor remembered", "a letter"]
+    model = from_pretrained(model_dirs["fill-mask"], "masked-lm").eval()
+    tokenizer = Tokenizer.from_pretrained(model_dirs["fill-mask"])
+    server = server_class(model_dirs["fill-mask"], "--pooling", "splade")
+    try:
+        status, vectors = server.call("POST", "/embed_sparse", {"inputs": texts})
+        _, via_main = server.call("POST", "/", {"inputs": texts[1]})
+        _, filled = server.call("POST", "/fill-mask", {"inputs": "the [MASK] sailor"})
+    finally:
+        server.stop()
+    alone = {e["index"]: e["value"] for e in via_main[0]}
+    batched = {e["index"]: e["value"] for e in vectors[1]}
+    assert status == 200 and alone.keys() == batched.keys() and len(filled) == 5
+    assert max(abs(alone[k] - batched[k]) for k in alone) < 1e-5
+    for text, vector in zip(texts, vectors):
+        ids = torch.tensor([tokenizer.encode(text)])
+        with torch.no_grad():  # SPLADE from the full (T, V) logits
+            weights = torch.log1p(torch.relu(model(ids, torch.ones_like(ids)).logits[0])).max(0).values
+        want = {int(i): float(weights[i]) for i in weights.nonzero()[:, 0]}
+        got = {entry["index"]: entry["value"] for entry in vector}
+        assert got.keys() == want.keys() and max(abs(got[k] - want[k]) for k in want) < 1e-5
+        assert [entry["value"] for entry in vector] == sorted(got.values(), reverse=True)
+    done = subprocess.run([sys.executable, "-m", "unmask.cli", "serve", str(model_dirs["embed"]), "--pooling",
+                           "splade"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--pooling splade needs a masked-LM directory" in done.stderr

@@ -22,8 +22,9 @@ from unmask.errors import CheckpointError, UnmaskError, UsageError
 from unmask.heads import SERVED_TASK, head_of
 from unmask.hub import read_config
 from unmask.pipelines.classify import window_logits
-from unmask.pipelines.embed import SentenceEncoder
+from unmask.pipelines.embed import POOLING_MODES, SentenceEncoder
 from unmask.pipelines.fill_mask import fill_mask_tokens
+from unmask.pipelines.sparse import splade_vectors
 from unmask.pipelines.tag import entities_of
 from unmask.tokenizer import load_tokenizer
 
@@ -31,6 +32,7 @@ from unmask.tokenizer import load_tokenizer
 ROUTES = {"embed": ("embed", "embed_all", "similarity", "embeddings"), "fill-mask": ("fill-mask",),
           "classify": ("predict", "rerank"), "tag": ("tag",)}
 DIRECTIONS = ("right", "left")
+POOLINGS = (*POOLING_MODES, "splade")
 _FIRST_WINDOW = 8  # characters of text read per token that may be kept, at first (the window doubles from there)
 _WORD_END = re.compile(r"\S(?=\s)")  # the last character of a word followed by a space
 _WORD_START = re.compile(r"\s(?=\S)")  # the space before a word
@@ -62,12 +64,15 @@ class ServeOptions:
     api_key: str | None = None  # when set, model routes need "Authorization: Bearer <api_key>"
     graceful_timeout: float = 30.0  # seconds a SIGTERM waits for requests in flight before the process exits
     max_fill_mask_answers: int = 10_000  # fill-mask: masks x top_k over a request's inputs (413 beyond)
+    pooling: str | None = None  # an encoder's: mean / cls / max (default: its directory's); splade: a masked LM's
 
     def __post_init__(self):
         if self.truncation not in ("error", "truncate"):
             raise UsageError(f"--truncation must be error or truncate, got {self.truncation!r}")
         if self.int8 and self.bf16:
             raise UsageError("--int8 and --bf16 exclude each other: choose one")
+        if self.pooling not in (None, *POOLINGS):
+            raise UsageError(f"--pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.graceful_timeout < 0:
             raise UsageError(f"--graceful_timeout cannot be negative, got {self.graceful_timeout}")
         if self.default_prompt_name is not None and self.default_prompt is not None:
@@ -113,9 +118,14 @@ class ServedModel:
         self.head = SERVED_TASK[model_head]
         self.name = options.served_model_name or self.path.name
         self.encoder = None
+        if options.pooling == "splade" and self.head != "fill-mask":
+            raise UsageError(f"--pooling splade needs a masked-LM directory; {self.path} is a {self.head} model")
+        if options.pooling in POOLING_MODES and self.head != "embed":
+            raise UsageError(f"--pooling {options.pooling} pools an encoder's vectors; {self.path} is a {self.head} "
+                             "model")
         if self.head == "embed":
-            self.encoder = SentenceEncoder.from_pretrained(self.path, int8=options.int8, bf16=options.bf16,
-                                                           config=config)
+            self.encoder = SentenceEncoder.from_pretrained(self.path, pooling=options.pooling, int8=options.int8,
+                                                           bf16=options.bf16, config=config)
             self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
             context = self.encoder.max_seq_length
         else:
@@ -128,7 +138,7 @@ class ServedModel:
         self.max_input_length = min(options.max_input_length or context, context)
         if self.encoder is not None:
             self.encoder.max_seq_length = self.max_input_length
-        self.routes = ROUTES[self.head]
+        self.routes = ("embed_sparse", "fill-mask") if options.pooling == "splade" else ROUTES[self.head]
         self.forward_batch_size = options.forward_batch_size
         self.prompts = read_prompts(self.path)
         self.default_prompt = options.default_prompt or ""
@@ -140,6 +150,8 @@ class ServedModel:
         config = self.model.config
         if self.head == "embed":
             kind = {"embedding": {"pooling": self.encoder.pooling, "dimension": self.encoder.dimension}}
+        elif self.routes[0] == "embed_sparse":
+            kind = {"embedding": {"pooling": "splade", "dimension": config.vocab_size}}
         elif self.head == "classify":
             id2label = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
             labels = {"id2label": {str(k): v for k, v in id2label.items()},
@@ -253,6 +265,8 @@ class ServedModel:
             return self.encoder.token_vectors(encodings, n)
         if kind in ("predict", "rerank"):
             return list(window_logits(self.model, encodings, pad, "truncate", batch_size=n))
+        if kind == "embed_sparse":
+            return splade_vectors(self.model, encodings, pad, batch_size=max(1, n // 4))
         if kind == "fill-mask":
             return fill_mask_tokens(self.model, self.tokenizer, encodings, top_k=options[0], batch_size=n)
         if kind == "tag":

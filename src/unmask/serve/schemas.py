@@ -47,6 +47,10 @@ class EmbedAllRequest(Fitting):
     inputs: Inputs
 
 
+class EmbedSparseRequest(Fitting):
+    inputs: Inputs
+
+
 class SimilarityInputs(BaseModel):
     source_sentence: str
     sentences: list[str]

@@ -41,6 +41,7 @@ from unmask.serve.schemas import (
     DecodeRequest,
     EmbedAllRequest,
     EmbedRequest,
+    EmbedSparseRequest,
     FillMaskRequest,
     Fitting,
     OpenAIEmbeddingsRequest,
@@ -102,7 +103,8 @@ class Service:
         truncate = fitting.truncate if fitting is not None else None
         truncate = self.options.truncation == "truncate" if truncate is None else truncate
         direction = fitting.truncation_direction.lower() if fitting is not None else "right"
-        prompt = self.model.prompt(getattr(fitting, "prompt_name", None)) if kind in ("embed", "embed_all") else ""
+        embedding = kind in ("embed", "embed_all", "embed_sparse")
+        prompt = self.model.prompt(getattr(fitting, "prompt_name", None)) if embedding else ""
         encodings = await self.in_tokenizer_thread(self.model.fit, items, truncate, direction, prompt)
         check(encodings)
         tokens = sum(len(e.ids) for e in encodings)
@@ -185,6 +187,14 @@ def _add_embedding_routes(app, service: Service) -> dict:
         service.metrics.count("/embed_all", 200)
         return [v.tolist() for v in vectors]
 
+    @app.post("/embed_sparse", summary="SPLADE vectors from a masked LM served with --pooling splade (TEI's)")
+    async def embed_sparse(body: EmbedSparseRequest) -> list[list[dict]]:
+        service.serves("embed_sparse")
+        items, _ = service.batch(body.inputs)
+        vectors, _ = await service.run("embed_sparse", items, body)
+        service.metrics.count("/embed_sparse", 200)
+        return [[{"index": i, "value": v} for i, v in vector.items()] for vector in vectors]
+
     @app.post("/similarity", summary="Cosine similarity of sentences to a source sentence (TEI's /similarity)")
     async def similarity(body: SimilarityRequest) -> list[float]:
         service.serves("similarity")
@@ -208,7 +218,7 @@ def _add_embedding_routes(app, service: Service) -> dict:
 
     for path in OPENAI_ROUTES:
         app.post(path, summary="OpenAI's embeddings API")(openai_embeddings)
-    return {"embed": embed, "similarity": similarity}  # what POST / dispatches to
+    return {"embed": embed, "similarity": similarity, "embed_sparse": embed_sparse}  # what POST / dispatches to
 
 
 def _add_classification_routes(app, service: Service) -> dict:
@@ -333,7 +343,9 @@ def _add_service_routes(app, service: Service, handlers: dict) -> None:
         body = await request.json()
         if not isinstance(body, dict):
             raise ServeError(422, "body: a JSON object is expected")
-        if model.head == "embed":
+        if model.routes[0] == "embed_sparse":
+            route = "embed_sparse"
+        elif model.head == "embed":
             route = "similarity" if isinstance(body.get("inputs"), dict) else "embed"
         elif model.head == "classify":
             route = "rerank" if "query" in body and "texts" in body else "predict"
@@ -364,8 +376,8 @@ def _add_service_routes(app, service: Service, handlers: dict) -> None:
         return service.metrics.render(service.batcher.queue_size() if service.batcher else 0)
 
 
-_SCHEMAS = {"embed": EmbedRequest, "similarity": SimilarityRequest, "predict": PredictRequest,
-            "rerank": RerankRequest, "fill-mask": FillMaskRequest, "tag": TagRequest}
+_SCHEMAS = {"embed": EmbedRequest, "embed_sparse": EmbedSparseRequest, "similarity": SimilarityRequest,
+            "predict": PredictRequest, "rerank": RerankRequest, "fill-mask": FillMaskRequest, "tag": TagRequest}
 
 
 def _validated(schema, body: dict):
@@ -501,8 +513,9 @@ class Metrics:
     """Prometheus counters and histograms of one server (its own registry: several apps can live in one process).
     Requests are counted by route; paths that are no route count as one ("other"), so made-up URLs add nothing."""
 
-    KNOWN = {"/", "/invocations", "/embed", "/embed_all", "/similarity", *OPENAI_ROUTES, "/predict", "/rerank",
-             "/tokenize", "/decode", "/fill-mask", "/tag", "/health", "/ping", "/info", "/metrics"}
+    KNOWN = {"/", "/invocations", "/embed", "/embed_all", "/embed_sparse", "/similarity", *OPENAI_ROUTES,
+             "/predict", "/rerank", "/tokenize", "/decode", "/fill-mask", "/tag", "/health", "/ping", "/info",
+             "/metrics"}
 
     def __init__(self):
         from prometheus_client import CollectorRegistry, Counter, Histogram
