@@ -96,7 +96,10 @@ _HELP = {
     "forward_batch_size": "sequences per forward pass: the batched requests' inputs run length-sorted, this many "
                           "at a time",
     "max_input_length": "tokens per input (default and ceiling: the model's context)",
-    "truncation": "for requests that do not send 'truncate': refuse longer inputs (error) or cut them (truncate)",
+    "truncation": "for requests that do not send \"truncate\": true: refuse inputs longer than the context (error), "
+                  "cut them (truncate), or read them in overlapping windows combined as offline (chunk: up to "
+                  "--max_batch_tokens tokens an input; /embed, /predict, /rerank, /tag)",
+    "auto_truncate": "TEI's name for --truncation truncate",
     "payload_limit": "bytes per request body",
     "served_model_name": "the model's name in /info and OpenAI answers (default: the directory's name)",
     "default_prompt_name": "a prompt of the model's config_sentence_transformers.json put before every input that "

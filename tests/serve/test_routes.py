@@ -50,12 +50,12 @@ def test_a_cut_keeps_exactly_the_tokens_tokenizers_truncation_keeps(model_dirs, 
         backend.enable_truncation(64, direction=direction, strategy="only_second")
         want_pair = backend.encode("a query", text).ids
         backend.no_truncation()
-        single, pair = served.fit([text, ("a query", text)], truncate=True, direction=direction)
+        single, pair = served.fit([text, ("a query", text)], mode="truncate", direction=direction)
         assert single.ids == want_single and pair.ids == want_pair and len(single.ids) == 64
     with pytest.raises(Exception, match="longer than the maximum of 64 tokens"):
-        served.fit([_long_text(100)], truncate=False)
+        served.fit([_long_text(100)], mode="error")
     ids = TokenIds(list(range(5, 105)))
-    assert served.fit([ids], truncate=True, direction=direction)[0].ids == (ids.ids[:64] if direction == "right"
+    assert served.fit([ids], mode="truncate", direction=direction)[0].ids == (ids.ids[:64] if direction == "right"
                                                                             else ids.ids[-64:])
 
 
@@ -285,3 +285,23 @@ def test_embed_sparse_serves_splade_vectors_of_a_masked_lm(model_dirs, server_cl
     done = subprocess.run([sys.executable, "-m", "unmask.cli", "serve", str(model_dirs["embed"]), "--pooling",
                            "splade"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--pooling splade needs a masked-LM directory" in done.stderr
+
+
+def test_chunk_reads_long_inputs_in_windows_as_offline(model_dirs, server_class):
+    from unmask.pipelines.embed import SentenceEncoder
+
+    long = _long_text(300, 3)  # several windows of the context of 64
+    encoder = SentenceEncoder.from_pretrained(model_dirs["embed"])
+    server = server_class(model_dirs["embed"], "--truncation", "chunk", "--max_batch_tokens", "2048")
+    try:
+        status, vectors = server.call("POST", "/embed", {"inputs": [long, TEXT]})
+        _, cut = server.call("POST", "/embed", {"inputs": [long], "truncate": True})
+        status_all, error = server.call("POST", "/embed_all", {"inputs": long})
+        too_long, message = server.call("POST", "/embed", {"inputs": _long_text(3000)})
+    finally:
+        server.stop()
+    want = encoder.encode([long, TEXT], normalize=True, truncation="chunk")
+    assert status == 200 and np.abs(np.array(vectors) - want).max() < 1e-5
+    assert np.abs(np.array(cut) - want[:1]).max() > 1e-3  # cut is another answer: the windows were read
+    assert status_all == 413 and "longer than the maximum of 64 tokens" in error["error"]  # no windows there
+    assert too_long == 413 and "longer than the maximum of 2048 tokens" in message["error"]

@@ -199,8 +199,8 @@ def test_bad_server_flags_are_clear_errors(model_dirs, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "not a model directory" in done.stderr
     done = subprocess.run([sys.executable, "-m", "unmask.cli", "serve", str(model_dirs["embed"]), "--truncation",
-                           "chunk"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--truncation must be error or truncate" in done.stderr
+                           "windows"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--truncation must be one of error, truncate, chunk" in done.stderr
 
 
 @pytest.mark.parametrize("head", ["embed", "classify", "fill-mask", "tag"])
@@ -237,7 +237,7 @@ def test_loading_reads_the_config_once_and_a_request_is_tokenized_once(model_dir
     window = served._window
     monkeypatch.setattr(served, "_window", lambda *a, **k: calls.append(a) or window(*a, **k))
     texts = [t.replace("the", "[MASK]", 1) if head == "fill-mask" else t for t in TEXTS]
-    encodings = served.fit(texts, truncate=False)
+    encodings = served.fit(texts, mode="error")
     kind = {"classify": "predict"}.get(head, head)
     results = served.run(kind, list(zip(texts, encodings)), (5,))
     assert len(calls) == len(TEXTS) and len(results) == len(TEXTS)  # one encoding of each input

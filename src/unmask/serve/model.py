@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from unmask import models
+from unmask.data.windows import TRUNCATION
 from unmask.errors import CheckpointError, UnmaskError, UsageError
 from unmask.heads import SERVED_TASK, head_of
 from unmask.hub import read_config
@@ -52,7 +53,8 @@ class ServeOptions:
     max_client_batch_size: int = 32  # inputs per request
     forward_batch_size: int = 32  # sequences per forward pass: a batch of requests runs length-sorted in such passes
     max_input_length: int | None = None  # tokens per input; default and ceiling: the model's context
-    truncation: str = "error"  # for requests that do not say: "error" (413) or "truncate" (TEI's --auto-truncate)
+    truncation: str = "error"  # for requests that do not send "truncate": true: error (413), truncate or chunk
+    auto_truncate: bool = False  # TEI's name for --truncation truncate
     payload_limit: int = 2_000_000  # bytes per request body
     int8: bool = False  # CPU: int8 dynamically quantised linear layers (models/quantize.py)
     bf16: bool = False  # bfloat16 weights and activations (GPUs; CPUs with AVX512-BF16 or AMX)
@@ -67,8 +69,12 @@ class ServeOptions:
     pooling: str | None = None  # an encoder's: mean / cls / max (default: its directory's); splade: a masked LM's
 
     def __post_init__(self):
-        if self.truncation not in ("error", "truncate"):
-            raise UsageError(f"--truncation must be error or truncate, got {self.truncation!r}")
+        if self.truncation not in TRUNCATION:
+            raise UsageError(f"--truncation must be one of {', '.join(TRUNCATION)}, got {self.truncation!r}")
+        if self.auto_truncate:
+            if self.truncation == "chunk":
+                raise UsageError("--auto_truncate (cut) and --truncation chunk (windows) exclude each other")
+            self.truncation = "truncate"
         if self.int8 and self.bf16:
             raise UsageError("--int8 and --bf16 exclude each other: choose one")
         if self.pooling not in (None, *POOLINGS):
@@ -140,6 +146,7 @@ class ServedModel:
             self.encoder.max_seq_length = self.max_input_length
         self.routes = ("embed_sparse", "fill-mask") if options.pooling == "splade" else ROUTES[self.head]
         self.forward_batch_size = options.forward_batch_size
+        self.max_chunk_tokens = max(options.max_batch_tokens, self.max_input_length)  # an input read in windows
         self.prompts = read_prompts(self.path)
         self.default_prompt = options.default_prompt or ""
         if options.default_prompt_name is not None:
@@ -175,50 +182,52 @@ class ServedModel:
 
     # -- fitting inputs to the context (a worker thread, not the event loop) -----------------------------------
 
-    def fit(self, items: list, truncate: bool, direction: str = "right", prompt: str = "") -> list:
+    def fit(self, items: list, mode: str = "error", direction: str = "right", prompt: str = "") -> list:
         """One encoding per input (text, (query, text) pair or `TokenIds`), within `max_input_length`: a longer
-        input is refused (413) or, with `truncate`, cut at its last segment's end (`direction` "left": its start)."""
+        input is refused (413, `mode` "error"), cut at its last segment's end (`direction` "left": its start) when
+        `mode` is "truncate", or, when it is "chunk", kept whole up to `max_chunk_tokens` (`run` reads it in
+        windows)."""
         if direction not in DIRECTIONS:
             raise ServeError(422, f"truncation_direction must be right or left, got {direction!r}")
         fitted = []
         for index, item in enumerate(items):
             if isinstance(item, TokenIds):
-                fitted.append(self._fit_ids(index, item, truncate, direction))
+                fitted.append(self._fit_ids(index, item, mode, direction))
             else:
                 item = (item[0], prompt + item[1]) if isinstance(item, tuple) else prompt + item
-                fitted.append(self._fit_text(index, item, truncate, direction))
+                fitted.append(self._fit_text(index, item, mode, direction))
         return fitted
 
-    def _fit_ids(self, index: int, item: TokenIds, truncate: bool, direction: str) -> TokenIds:
+    def _fit_ids(self, index: int, item: TokenIds, mode: str, direction: str) -> TokenIds:
         if not item.ids:
             raise ServeError(400, f"input {index} is empty", "Empty")
         vocabulary = self.model.config.vocab_size
         if not all(0 <= i < vocabulary for i in item.ids):
             raise ServeError(422, f"input {index}: token ids must lie in [0, {vocabulary})")
-        limit = self.max_input_length
+        limit = self.max_chunk_tokens if mode == "chunk" else self.max_input_length
         if len(item.ids) > limit:
-            if not truncate:
+            if mode != "truncate":
                 raise ServeError(413, f"input {index} is {len(item.ids)} tokens, longer than the maximum of {limit}; "
                                       "send \"truncate\": true to cut it")
             return TokenIds(item.ids[:limit] if direction == "right" else item.ids[-limit:])
         return item
 
-    def _fit_text(self, index: int, item, truncate: bool, direction: str):
+    def _fit_text(self, index: int, item, mode: str, direction: str):
         backend = self.tokenizer.backend
         query, text = item if isinstance(item, tuple) else (None, item)
-        room = self.max_input_length - backend.num_special_tokens_to_add(query is not None)
+        limit = self.max_chunk_tokens if mode == "chunk" else self.max_input_length
+        room = limit - backend.num_special_tokens_to_add(query is not None)
         first = None
         if query is not None:
             first = self._window(query, room + 1, "right")
             if len(first.ids) >= room:
-                raise ServeError(413, f"input {index}: its query alone fills the maximum of "
-                                      f"{self.max_input_length} tokens")
+                raise ServeError(413, f"input {index}: its query alone fills the maximum of {limit} tokens")
             room -= len(first.ids)
         second = self._window(text, room + 1, direction)
         if len(second.ids) > room:
-            if not truncate:
-                raise ServeError(413, f"input {index} is longer than the maximum of {self.max_input_length} tokens; "
-                                      "send \"truncate\": true to cut it")
+            if mode != "truncate":
+                raise ServeError(413, f"input {index} is longer than the maximum of {limit} tokens; send "
+                                      "\"truncate\": true to cut it")
             second.truncate(room, direction=direction)
         if not second.ids or (first is not None and not first.ids):
             raise ServeError(400, f"input {index} is empty (no tokens once normalised)", "Empty")
@@ -254,23 +263,23 @@ class ServedModel:
     # -- the forward passes (batching thread) ------------------------------------------------------------------
 
     def run(self, kind: str, inputs: list, options: tuple) -> list:
-        """One result per input; `inputs` are (item, encoding) pairs, fitted to the limit already (nothing is cut
-        here, so "truncate" only takes the first and only window)."""
+        """One result per input; `inputs` are (item, encoding) pairs, fitted already: an input longer than the
+        context is one the server reads in overlapping windows (--truncation chunk), combined as offline."""
         items, encodings = [item for item, _ in inputs], [encoding for _, encoding in inputs]
         n, pad = self.forward_batch_size, self.tokenizer.pad_token_id
         if kind == "embed":
             return list(self.encoder.encode_tokens(encodings, n, normalize=False, show_progress=False,
-                                                   truncation="truncate"))
+                                                   truncation="chunk"))
         if kind == "embed_all":
             return self.encoder.token_vectors(encodings, n)
         if kind in ("predict", "rerank"):
-            return list(window_logits(self.model, encodings, pad, "truncate", batch_size=n))
+            return list(window_logits(self.model, encodings, pad, "chunk", batch_size=n))
         if kind == "embed_sparse":
             return splade_vectors(self.model, encodings, pad, batch_size=max(1, n // 4))
         if kind == "fill-mask":
             return fill_mask_tokens(self.model, self.tokenizer, encodings, top_k=options[0], batch_size=n)
         if kind == "tag":
-            return entities_of(self.model, items, encodings, pad, truncation="truncate", batch_size=n)
+            return entities_of(self.model, items, encodings, pad, truncation="chunk", batch_size=n)
         raise ValueError(f"unknown kind {kind!r}")
 
 

@@ -53,7 +53,8 @@ from unmask.serve.schemas import (
 )
 
 OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")
-OPEN_ROUTES = ("/", "/health", "/ping", "/metrics")  # GET routes anyone may call, with --api_key too
+OPEN_ROUTES = ("/", "/health", "/ping", "/metrics")
+CHUNKED = ("embed", "predict", "rerank", "tag")  # what --truncation chunk reads in windows (the others refuse)  # GET routes anyone may call, with --api_key too
 _timings: contextvars.ContextVar[dict] = contextvars.ContextVar("timings")  # this request's, for its headers
 
 
@@ -100,12 +101,13 @@ class Service:
                   check=lambda encodings: None) -> tuple[list, int]:
         """Fit the inputs (in a worker thread), queue them for a batched forward pass; (results, tokens)."""
 
-        truncate = fitting.truncate if fitting is not None else None
-        truncate = self.options.truncation == "truncate" if truncate is None else truncate
+        mode = "truncate" if fitting is not None and fitting.truncate else self.options.truncation
+        if mode == "chunk" and kind not in CHUNKED:
+            mode = "error"
         direction = fitting.truncation_direction.lower() if fitting is not None else "right"
         embedding = kind in ("embed", "embed_all", "embed_sparse")
         prompt = self.model.prompt(getattr(fitting, "prompt_name", None)) if embedding else ""
-        encodings = await self.in_tokenizer_thread(self.model.fit, items, truncate, direction, prompt)
+        encodings = await self.in_tokenizer_thread(self.model.fit, items, mode, direction, prompt)
         check(encodings)
         tokens = sum(len(e.ids) for e in encodings)
         job = Job(kind, list(zip(items, encodings)), tokens, job_options)
@@ -274,7 +276,7 @@ def _add_token_routes(app, service: Service) -> dict:
 
         items, _ = service.batch(body.inputs)
         prompt = model.prompt(body.prompt_name)
-        encodings = await service.in_tokenizer_thread(model.fit, items, False, "right", prompt)  # bounded
+        encodings = await service.in_tokenizer_thread(model.fit, items, "error", "right", prompt)  # bounded
         service.metrics.count("/tokenize", 200)
         return [_tokens(prompt + text, enc, model, body.add_special_tokens) for text, enc in zip(items, encodings)]
 
