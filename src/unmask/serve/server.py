@@ -53,8 +53,8 @@ from unmask.serve.schemas import (
 )
 
 OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")
-OPEN_ROUTES = ("/", "/health", "/ping", "/metrics")
-CHUNKED = ("embed", "predict", "rerank", "tag")  # what --truncation chunk reads in windows (the others refuse)  # GET routes anyone may call, with --api_key too
+OPEN_ROUTES = ("/", "/health", "/ping", "/metrics")  # GET routes anyone may call, with --api_key too
+CHUNKED = ("embed", "predict", "rerank", "tag")  # what --truncation chunk reads in windows (others refuse)
 _timings: contextvars.ContextVar[dict] = contextvars.ContextVar("timings")  # this request's, for its headers
 
 
