@@ -305,3 +305,29 @@ def test_chunk_reads_long_inputs_in_windows_as_offline(model_dirs, server_class)
     assert np.abs(np.array(cut) - want[:1]).max() > 1e-3  # cut is another answer: the windows were read
     assert status_all == 413 and "longer than the maximum of 64 tokens" in error["error"]  # no windows there
     assert too_long == 413 and "longer than the maximum of 2048 tokens" in message["error"]
+
+
+def test_a_connection_that_never_finishes_its_request_is_closed(embed_server):
+    """Bytes trickling in (slowloris) no longer hold a connection: the request head has a deadline."""
+    import socket
+
+    from unmask.serve import server as served
+
+    with socket.create_connection(("127.0.0.1", embed_server.port), timeout=30) as slow:
+        slow.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\n")
+        started = time.perf_counter()
+        closed = False
+        while time.perf_counter() - started < served.HEAD_TIMEOUT + 10:
+            try:
+                slow.sendall(b"X")  # one byte a second, never the blank line that ends the head
+                slow.settimeout(1.0)
+                if slow.recv(1024) == b"":
+                    closed = True
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                closed = True
+                break
+    assert closed and time.perf_counter() - started < served.HEAD_TIMEOUT + 5
+    assert embed_server.call("GET", "/health")[0] == 200

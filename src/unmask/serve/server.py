@@ -567,6 +567,52 @@ def _version() -> str:
         return "0+unknown"
 
 
+HEAD_TIMEOUT = 10.0  # seconds a connection has to send a whole request head
+
+
+def _head_deadline_protocol():
+    """uvicorn's h11 protocol with a deadline for each request head: uvicorn cancels its keep-alive timer on any
+    byte and sets none on a new connection, so a client sending a byte a second held a connection (and a socket)
+    forever. Here a connection that has not sent a whole request head within HEAD_TIMEOUT seconds of opening, or of
+    its previous answer, is closed."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadDeadline(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # the head is in: the request is the app's now
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_deadline = self.loop.call_later(HEAD_TIMEOUT, self._head_timed_out)
+
+        def _disarm(self) -> None:
+            deadline = getattr(self, "_head_deadline", None)
+            if deadline is not None:
+                deadline.cancel()
+                self._head_deadline = None
+
+        def _head_timed_out(self) -> None:
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadDeadline
+
+
 def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8080, options: ServeOptions | None = None,
           log_level: str = "info") -> None:
     import uvicorn
@@ -576,5 +622,5 @@ def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8080, options: Se
     print(f"unmask serve: {model.name} ({model.head}; routes {', '.join('/' + r for r in model.routes)}) "
           f"on http://{host}:{port}", flush=True)
     uvicorn.run(create_app(model, options), host=host, port=port, log_level=log_level, timeout_keep_alive=5,
-                timeout_graceful_shutdown=options.graceful_timeout)
+                timeout_graceful_shutdown=options.graceful_timeout, http=_head_deadline_protocol())
 
