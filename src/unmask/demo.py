@@ -177,8 +177,8 @@ def describe(result: dict, options: DemoOptions) -> str:
         f" ({n_real} real words in the vocabulary)",
         f"   selected   {m['selected']:,} positions ({m['selected'] / m['tokens']:.2%} of the real tokens)",
         f"   -> [MASK]  {m['mask']:.3f} of selected (expected {p_mask:.3f})",
-        f"   -> random  {m['random']:.3f} (expected 0.1 x {n_real - 1}/{n_real} = {p_random * (n_real - 1) / n_real:.3f}:"
-        f" a random draw hits the original 1 time in {n_real})",
+        f"   -> random  {m['random']:.3f} (expected 0.1 x {n_real - 1}/{n_real} = "
+        f"{p_random * (n_real - 1) / n_real:.3f}: a random draw hits the original 1 time in {n_real})",
         f"   -> kept    {m['unchanged']:.3f} (expected 0.1 + 0.1/{n_real} = {0.1 + p_random / n_real:.3f})",
         f"   special tokens chosen: {details['_special_selected']}"
         + ("  <- the guard is off" if options.mask_special_tokens else "  (never: the guard keeps them out)"),
