@@ -331,3 +331,25 @@ def test_a_connection_that_never_finishes_its_request_is_closed(embed_server):
                 break
     assert closed and time.perf_counter() - started < served.HEAD_TIMEOUT + 5
     assert embed_server.call("GET", "/health")[0] == 200
+
+
+def test_hugging_face_parameters_are_honoured_or_refused(model_dirs, server_class):
+    from unmask.pipelines.classify import sigmoid
+
+    server = server_class(model_dirs["classify"])
+    try:
+        _, raw = server.call("POST", "/predict", {"inputs": TEXT, "raw_scores": True})
+        _, squashed = server.call("POST", "/", {"inputs": TEXT, "parameters": {"function_to_apply": "sigmoid"}})
+        status, error = server.call("POST", "/", {"inputs": TEXT, "parameters": {"function_to_apply": "tanh"}})
+    finally:
+        server.stop()
+    logits = {r["label"]: r["score"] for r in raw}
+    assert all(abs(r["score"] - sigmoid(np.array(logits[r["label"]]))) < 1e-6 for r in squashed[0])
+    assert status == 422 and "function_to_apply" in error["error"]
+    tagger = server_class(model_dirs["tag"])
+    try:
+        status, error = tagger.call("POST", "/", {"inputs": TEXT, "parameters": {"aggregation_strategy": "max"}})
+        assert status == 422 and "aggregation_strategy" in error["error"]
+        assert tagger.call("POST", "/", {"inputs": TEXT, "parameters": {"aggregation_strategy": "first"}})[0] == 200
+    finally:
+        tagger.stop()

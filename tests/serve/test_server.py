@@ -1,4 +1,4 @@
-"""`unmask serve`: the real server on a free loopback port (conftest.py), spoken to over HTTP. Every route, the
+"""`unmask serve`: the real server on a free loopback port (tests/conftest.py), spoken to over HTTP. Every route, the
 bad inputs, answers equal to the offline functions, dynamic batching under concurrent load, graceful shutdown on
 SIGTERM."""
 

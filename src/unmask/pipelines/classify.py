@@ -46,10 +46,13 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def label_scores(logits: np.ndarray, id2label: dict[int, str], raw_scores: bool = False,
-                 top_k: int | None = None) -> list[list[dict]]:
+                 top_k: int | None = None, function: str | None = None) -> list[list[dict]]:
     """Per input, `{label, score}` best first (the `top_k` best): probabilities (a one-label model's sigmoid, as
-    `/rerank`, TEI and sentence-transformers' `CrossEncoder` give it), or the logits when `raw_scores`."""
-    scores = logits if raw_scores else sigmoid(logits) if logits.shape[1] == 1 else softmax(logits)
+    `/rerank`, TEI and sentence-transformers' `CrossEncoder` give it), or the logits when `raw_scores`. `function`
+    (the `transformers` pipeline's `function_to_apply`: sigmoid, softmax or none) overrides that choice."""
+    if function is None:
+        function = "none" if raw_scores else "sigmoid" if logits.shape[1] == 1 else "softmax"
+    scores = {"none": logits, "sigmoid": sigmoid(logits), "softmax": softmax(logits)}[function]
     k = logits.shape[1] if top_k is None else min(top_k, logits.shape[1])
     best = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (inputs, k)
     return [[{"label": id2label.get(int(j), str(j)), "score": float(row[j])} for j in order]

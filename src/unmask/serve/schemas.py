@@ -100,8 +100,10 @@ class FillMaskRequest(Request):
     inputs: str | list[str]
     top_k: int = Field(5, ge=1)
     truncate: bool | None = None
+    targets: None = Field(None, description="not supported: refused when given")
 
 
 class TagRequest(Request):
     inputs: str | list[str]
     truncate: bool | None = None
+    aggregation_strategy: Literal["first"] | None = None  # the one unmask computes (the pipeline's "first")

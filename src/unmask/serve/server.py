@@ -231,8 +231,8 @@ def _add_classification_routes(app, service: Service) -> dict:
         service.serves("predict")
         items, single = _predict_items(body.inputs, service)
         logits, _ = await service.run("predict", items, body)
-        raw = body.raw_scores or body.function_to_apply == "none"
-        answers = label_scores(np.stack(logits), model.model.config.id2label or {}, raw, body.top_k)
+        answers = label_scores(np.stack(logits), model.model.config.id2label or {}, body.raw_scores, body.top_k,
+                               body.function_to_apply)
         service.metrics.count("/predict", 200)
         if body.hf_shape:  # the Hugging Face text-classification shape: a list per input
             return answers
