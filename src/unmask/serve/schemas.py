@@ -62,7 +62,7 @@ class SimilarityRequest(Fitting):
 
 class OpenAIEmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    input: Inputs | list[list[int]]
+    input: Inputs
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None

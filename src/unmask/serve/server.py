@@ -20,6 +20,7 @@ wrong fields.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextvars
 import json
@@ -73,8 +74,6 @@ class Service:
 
     async def in_tokenizer_thread(self, fn, *args):
         """`fn(*args)` on a tokenization worker (never on the event loop, never on the model's thread)."""
-        import asyncio
-
         started = time.perf_counter()
         result = await asyncio.get_running_loop().run_in_executor(self.tokenizers, fn, *args)
         _record(tokenization=time.perf_counter() - started)
@@ -100,7 +99,6 @@ class Service:
     async def run(self, kind: str, items: list, fitting: Fitting | None = None, job_options: tuple = (),
                   check=lambda encodings: None) -> tuple[list, int]:
         """Fit the inputs (in a worker thread), queue them for a batched forward pass; (results, tokens)."""
-
         mode = "truncate" if fitting is not None and fitting.truncate else self.options.truncation
         if mode == "chunk" and kind not in CHUNKED:
             mode = "error"
@@ -123,7 +121,6 @@ def _record(**values) -> None:
 
 
 def create_app(model: ServedModel, options: ServeOptions):
-
     service = Service(model, options)
 
     @asynccontextmanager
@@ -336,7 +333,6 @@ def _tokens(text: str, encoding, model: ServedModel, add_special_tokens: bool) -
 
 
 def _add_service_routes(app, service: Service, handlers: dict) -> None:
-
     model, options = service.model, service.options
 
     async def main_route(request: Request):
