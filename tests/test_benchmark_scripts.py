@@ -48,3 +48,19 @@ def test_benchmark_runner_charts_the_ratios_it_measured(tmp_path):
     assert set(found) == {"collator, plain", "collator, whole-word"}, found
     assert all(v > 0 for v in found.values())
     assert (tmp_path / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow  # benchmark-like: a 10 MB corpus, two short pretraining runs, a cache build
+def test_continued_pretraining_scale_part_runs_small(tmp_path):
+    from benchmarks.common import SHARED_DATA
+
+    if not (SHARED_DATA / "gutenberg" / "train").is_dir():
+        pytest.skip(f"the Gutenberg books are not in {SHARED_DATA}")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.continued_pretraining", "--part", "scale", "--quick",
+                           "--work", str(tmp_path), "--output", str(tmp_path / "scale.json")],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "scale.json").read_text())
+    for path in ("streamed", "cached"):
+        assert result[path]["steady_tokens_per_second"] > 0 and result[path]["peak_rss_mib"] > 0
+    assert result["cache_build"]["cache_mb_per_s"] > 0 and result["cache_build"]["encode_batch_mb_per_s"] > 0
