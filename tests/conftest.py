@@ -153,3 +153,14 @@ class Server:
 @pytest.fixture(scope="session")
 def server_class():
     return Server
+
+
+def kill_when_saved(command: list[str], checkpoint: Path) -> None:
+    """Run `command` and SIGKILL it as soon as `checkpoint` exists (a run killed mid-training, before its export)."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not checkpoint.exists():
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not (checkpoint.parent / "model.safetensors").exists(), "killed before the end"

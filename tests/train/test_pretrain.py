@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import kill_when_saved
 from unmask.errors import TrainingError
 from unmask.train.pretrain import PretrainArgs, pretrain
 
@@ -77,13 +76,7 @@ def test_resume_after_sigkill_gives_identical_weights(setup):
     reference = setup["root"] / "uninterrupted"
     subprocess.run(_cli(setup, reference), check=True, capture_output=True, timeout=300)
     killed = setup["root"] / "killed"
-    proc = subprocess.Popen(_cli(setup, killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (killed / "checkpoint-9").exists():
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL
-    assert not (killed / "model.safetensors").exists(), "killed before the end"
+    kill_when_saved(_cli(setup, killed), killed / "checkpoint-9")
     resumed = subprocess.run(_cli(setup, killed, "--resume_from_checkpoint", "latest"), capture_output=True,
                              text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr

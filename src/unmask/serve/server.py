@@ -96,6 +96,12 @@ class Service:
                                   f"{self.options.max_client_batch_size}")
         return [TokenIds(x) if isinstance(x, list) else x for x in items], single
 
+    async def answer(self, route: str, kind: str, inputs, fitting: Fitting | None = None) -> tuple[list, int]:
+        """A route's batch of inputs through the model: checked to be this model's route and size, then run."""
+        self.serves(route)
+        items, _ = self.batch(inputs)
+        return await self.run(kind, items, fitting)
+
     async def run(self, kind: str, items: list, fitting: Fitting | None = None, job_options: tuple = (),
                   check=lambda encodings: None) -> tuple[list, int]:
         """Fit the inputs (in a worker thread), queue them for a batched forward pass; (results, tokens)."""
@@ -146,22 +152,20 @@ def _add_error_handlers(app, service: Service) -> None:
 
     @app.exception_handler(ServeError)
     async def refused(request: Request, error: ServeError):
-        return _error(service, request, error.status, error.message, error.error_type)
+        return _error(request, error.status, error.message, error.error_type)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError):
         first = error.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "body"
-        return _error(service, request, 422, f"{where}: {first.get('msg')}", "Validation")
+        return _error(request, 422, f"{where}: {first.get('msg')}", "Validation")
 
     @app.exception_handler(Exception)
     async def failed(request: Request, error: Exception):  # a bug, not the client's fault: JSON all the same
-        return _error(service, request, 500, f"{type(error).__name__}: {error}", "Backend")
+        return _error(request, 500, f"{type(error).__name__}: {error}", "Backend")
 
 
-def _error(service: Service, request, status: int, message: str, error_type: str):
-
-    service.metrics.count(request.url.path, status)
+def _error(request, status: int, message: str, error_type: str):
     if request.url.path in OPENAI_ROUTES:  # OpenAI's error shape, so its client raises the right exception
         return JSONResponse({"error": {"message": message, "type": error_type, "code": status}}, status_code=status)
     return JSONResponse({"error": message, "error_type": error_type}, status_code=status)
@@ -172,41 +176,28 @@ def _add_embedding_routes(app, service: Service) -> dict:
 
     @app.post("/embed", summary="Sentence embeddings (TEI's /embed)")
     async def embed(body: EmbedRequest) -> list[list[float]]:
-        service.serves("embed")
-        items, _ = service.batch(body.inputs)
-        vectors, _ = await service.run("embed", items, body)
-        service.metrics.count("/embed", 200)
+        vectors, _ = await service.answer("embed", "embed", body.inputs, body)
         return matryoshka(np.stack(vectors), body.dimensions, body.normalize).tolist()
 
     @app.post("/embed_all", summary="The vector of every token (TEI's /embed_all)")
     async def embed_all(body: EmbedAllRequest) -> list[list[list[float]]]:
-        service.serves("embed_all")
-        items, _ = service.batch(body.inputs)
-        vectors, _ = await service.run("embed_all", items, body)
-        service.metrics.count("/embed_all", 200)
+        vectors, _ = await service.answer("embed_all", "embed_all", body.inputs, body)
         return [v.tolist() for v in vectors]
 
     @app.post("/embed_sparse", summary="SPLADE vectors from a masked LM served with --pooling splade (TEI's)")
     async def embed_sparse(body: EmbedSparseRequest) -> list[list[dict]]:
-        service.serves("embed_sparse")
-        items, _ = service.batch(body.inputs)
-        vectors, _ = await service.run("embed_sparse", items, body)
-        service.metrics.count("/embed_sparse", 200)
+        vectors, _ = await service.answer("embed_sparse", "embed_sparse", body.inputs, body)
         return [[{"index": i, "value": v} for i, v in vector.items()] for vector in vectors]
 
     @app.post("/similarity", summary="Cosine similarity of sentences to a source sentence (TEI's /similarity)")
     async def similarity(body: SimilarityRequest) -> list[float]:
-        service.serves("similarity")
-        items, _ = service.batch([body.inputs.source_sentence, *body.inputs.sentences])
-        vectors, _ = await service.run("embed", items, body)
+        sentences = [body.inputs.source_sentence, *body.inputs.sentences]
+        vectors, _ = await service.answer("similarity", "embed", sentences, body)
         unit = matryoshka(np.stack(vectors), None, normalize=True)
-        service.metrics.count("/similarity", 200)
         return (unit[1:] @ unit[0]).tolist()
 
     async def openai_embeddings(body: OpenAIEmbeddingsRequest) -> dict:
-        service.serves("embeddings")
-        items, _ = service.batch(body.input)
-        vectors, tokens = await service.run("embed", items)
+        vectors, tokens = await service.answer("embeddings", "embed", body.input)
         unit = matryoshka(np.stack(vectors), body.dimensions, normalize=True).astype(np.float32)
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if body.encoding_format == "base64"
@@ -230,7 +221,6 @@ def _add_classification_routes(app, service: Service) -> dict:
         logits, _ = await service.run("predict", items, body)
         answers = label_scores(np.stack(logits), model.model.config.id2label or {}, body.raw_scores, body.top_k,
                                body.function_to_apply)
-        service.metrics.count("/predict", 200)
         if body.hf_shape:  # the Hugging Face text-classification shape: a list per input
             return answers
         return answers[0] if single else answers
@@ -243,7 +233,6 @@ def _add_classification_routes(app, service: Service) -> dict:
         answers = ranked(relevance(np.stack(logits), body.raw_scores))
         if body.return_text:
             answers = [{**answer, "text": texts[answer["index"]]} for answer in answers]
-        service.metrics.count("/rerank", 200)
         return answers
 
     return {"predict": predict, "rerank": rerank}
@@ -274,7 +263,6 @@ def _add_token_routes(app, service: Service) -> dict:
         items, _ = service.batch(body.inputs)
         prompt = model.prompt(body.prompt_name)
         encodings = await service.in_tokenizer_thread(model.fit, items, "error", "right", prompt)  # bounded
-        service.metrics.count("/tokenize", 200)
         return [_tokens(prompt + text, enc, model, body.add_special_tokens) for text, enc in zip(items, encodings)]
 
     @app.post("/decode", summary="Token ids back to text (TEI's /decode)")
@@ -284,7 +272,6 @@ def _add_token_routes(app, service: Service) -> dict:
         vocabulary = model.model.config.vocab_size
         if any(not 0 <= i < vocabulary for ids in batch for i in ids):
             raise ServeError(422, f"ids must lie in [0, {vocabulary})")
-        service.metrics.count("/decode", 200)
         return model.tokenizer.backend.decode_batch(batch, skip_special_tokens=body.skip_special_tokens)
 
     @app.post("/fill-mask", summary="Fill [MASK] (the transformers fill-mask pipeline's shape)")
@@ -305,7 +292,6 @@ def _add_token_routes(app, service: Service) -> dict:
                                       f"the server's maximum of {service.options.max_fill_mask_answers}")
 
         results, _ = await service.run("fill-mask", items, Fitting(truncate=body.truncate), (top_k,), bounded)
-        service.metrics.count("/fill-mask", 200)
         return results[0] if single else results
 
     @app.post("/tag", summary="Named entities with character offsets")
@@ -313,7 +299,6 @@ def _add_token_routes(app, service: Service) -> dict:
         service.serves("tag")
         items, single = service.batch(body.inputs)
         results, _ = await service.run("tag", items, Fitting(truncate=body.truncate))
-        service.metrics.count("/tag", 200)
         return results[0] if single else results
 
     return {"fill-mask": fill, "tag": tag}
@@ -397,16 +382,19 @@ class Gate:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         options, path = self.service.options, scope["path"]
+        async def counted(message):  # every answer is counted here, by route and status
+            if message["type"] == "http.response.start":
+                self.service.metrics.count(path, message["status"])
+            await send(message)
+
         if options.api_key and not (scope["method"] == "GET" and path in OPEN_ROUTES):
             given = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
             if given != f"Bearer {options.api_key}":
-                self.service.metrics.count(path, 401)
-                return await _reply(send, 401, "a valid 'Authorization: Bearer <key>' header is required",
+                return await _reply(counted, 401, "a valid 'Authorization: Bearer <key>' header is required",
                                     "Unauthorized")
         if self.in_flight >= options.max_concurrent_requests:
-            self.service.metrics.count(path, 429)
-            return await _reply(send, 429, f"the server has {self.in_flight} requests in flight, its maximum: retry",
-                                "Overloaded")
+            return await _reply(counted, 429, f"the server has {self.in_flight} requests in flight, its maximum: "
+                                "retry", "Overloaded")
         self.in_flight += 1
         timings, started = {}, time.perf_counter()
         _timings.set(timings)
@@ -416,7 +404,7 @@ class Gate:
                 headers = list(message.get("headers", []))
                 headers += [(f"x-{name}".encode(), str(value).encode()) for name, value in _headers(timings, started)]
                 message = {**message, "headers": headers}
-            await send(message)
+            await counted(message)
 
         try:
             return await self.app(scope, receive, send_with_timings)
