@@ -19,13 +19,15 @@ from unmask.train.pretrain import PretrainArgs, pretrain
 
 TINY_CONFIG = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                "intermediate_size": 64, "max_position_embeddings": 64, "hidden_dropout_prob": 0.0,
-               "attention_probs_dropout_prob": 0.0}  # dropout draws differ per rank by design
+               "attention_probs_dropout_prob": 0.0}
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, corpus_lines, tokenizer_dir):
     root = tmp_path_factory.mktemp("streaming")
     (root / "config.json").write_text(json.dumps(TINY_CONFIG))
+    # with dropout, each rank's draws are its own: resuming restores every rank's generators
+    (root / "dropout.json").write_text(json.dumps({**TINY_CONFIG, "hidden_dropout_prob": 0.1}))
     shards = []
     for s in range(3):  # three JSONL shards of short documents
         shard = root / f"shard-{s}.jsonl"
@@ -61,11 +63,12 @@ def test_a_streamed_run_learns(setup):
 
 
 def test_a_killed_streamed_run_resumes_to_the_same_weights(setup):
+    dropout = ("--model_config", str(setup["root"] / "dropout.json"))
     reference = setup["root"] / "uninterrupted"
-    subprocess.run(_cli(setup, reference), check=True, capture_output=True, timeout=300)
+    subprocess.run(_cli(setup, reference, *dropout), check=True, capture_output=True, timeout=300)
     killed = setup["root"] / "killed"
-    kill_when_saved(_cli(setup, killed), killed / "checkpoint-12")
-    resumed = subprocess.run(_cli(setup, killed, "--resume_from_checkpoint", "latest",
+    kill_when_saved(_cli(setup, killed, *dropout), killed / "checkpoint-12")
+    resumed = subprocess.run(_cli(setup, killed, *dropout, "--resume_from_checkpoint", "latest",
                                   "--dataloader_num_workers", "2"),  # any number of workers reads the same stream
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
@@ -78,7 +81,8 @@ def test_two_streaming_processes_resume_exactly(setup):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
                 "-m", "unmask.cli"]
     straight, resumed = setup["root"] / "ddp-straight", setup["root"] / "ddp-resumed"
-    common = ["--max_steps", "8", "--save_steps", "4", "--per_device_train_batch_size", "4"]
+    common = ["--max_steps", "8", "--save_steps", "4", "--per_device_train_batch_size", "4",
+              "--model_config", str(setup["root"] / "dropout.json")]
     for out in (straight, resumed):
         done = subprocess.run(torchrun + _cli(setup, out, *common)[3:], capture_output=True, text=True, timeout=300,
                               env=env)
@@ -86,6 +90,8 @@ def test_two_streaming_processes_resume_exactly(setup):
     assert _same_weights(straight, resumed)
     state = torch.load(resumed / "checkpoint-4" / "training_state.pt", weights_only=True)
     assert len(state["streams"]) == 2 and state["streams"][0]["after"] != state["streams"][1]["after"]
+    masking = [rank["generators"][0] for rank in state["random"]]  # each rank masks its rows with its own draws
+    assert len(masking) == 2 and not torch.equal(masking[0], masking[1])
     for leftover in ("checkpoint-8", "model.safetensors"):  # back to step 4, then on to 8 again
         path = resumed / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -138,9 +138,12 @@ class TokenStream:
         """Pack the next unit into the buffer; False at the end of an epoch."""
         if self._units is None:
             self._whole_epoch, self._epoch_tokens = self.after is None, 0
+            # the loader's own generator: drawing its worker seeds from torch's would move the training's dropout
+            # draws by when (re)opening the stream happens
             self._units = iter(DataLoader(_Units(self, self.epoch, self.after), batch_size=None,
                                           collate_fn=_as_is, num_workers=self.workers,
-                                          prefetch_factor=_PREFETCH if self.workers else None))
+                                          prefetch_factor=_PREFETCH if self.workers else None,
+                                          generator=torch.Generator().manual_seed(self.seed)))
         unit = next(self._units, None)
         if unit is None:
             self._end_epoch()

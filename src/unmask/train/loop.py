@@ -184,8 +184,12 @@ class Run:
         else:
             load_weights(self.model, read_weights(checkpoint), str(checkpoint))
         self.optimizer.load_state_dict(saved["optimizer"])
-        torch.set_rng_state(saved["torch_rng"])
-        for generator, rng in zip(self.generators, saved["generators"]):
+        # each rank's own draws (its rows differ, so dropout and masking consumed its generators differently); a
+        # cached run resumed on more processes gives the new ones rank 0's
+        randoms = saved["random"]
+        mine = randoms[self.dist.rank] if self.dist.rank < len(randoms) else randoms[0]
+        torch.set_rng_state(mine["torch"])
+        for generator, rng in zip(self.generators, mine["generators"]):
             generator.set_state(rng)
         self.state = LoopState(**saved["loop"])
         if self.stream is not None:
@@ -278,11 +282,12 @@ class Run:
         """checkpoint-N/: the model directory, and beside it what continuing needs (rank 0 writes it; every rank
         calls this, for the streams' positions)."""
         streams = self.dist.gather(self.stream.state_dict()) if self.stream is not None else None
+        randoms = self.dist.gather({"torch": torch.get_rng_state(),
+                                    "generators": [g.get_state() for g in self.generators]})
         if not self.dist.is_main:
             return
         step_rows = self.args.per_device_train_batch_size * self.dist.world_size * self.args.gradient_accumulation_steps
-        saved = {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-                 "generators": [g.get_state() for g in self.generators],
+        saved = {"optimizer": self.optimizer.state_dict(), "random": randoms,
                  "loop": {**dataclasses.asdict(self.state), "elapsed": self.elapsed()},
                  "samples_seen": self.state.step * step_rows, "streams": streams}
         save_checkpoint(self.output_dir, self.state.step, self.model, self.tokenizer, saved,

@@ -233,8 +233,10 @@ def pretrain(args: PretrainArgs) -> dict:
     set_attn_backend(model, args.attn_backend)
     take, stream = training_data(tokenizer, args, dist)
     valid_data = packed(args.validation_file, tokenizer, args, dist) if args.validation_file else None
+    # cached, every rank collates the whole global step alike; streamed, each its own rows, with its own draws
+    mask_seed = args.seed + 1_000_003 * dist.rank if stream is not None else args.seed
     collate = MLMCollator.from_tokenizer(tokenizer, mlm_probability=args.mlm_probability,
-                                         whole_word_mask=args.whole_word_mask, seed=args.seed)
+                                         whole_word_mask=args.whole_word_mask, seed=mask_seed)
     if dist.is_main:
         atomic_write_text(Path(args.output_dir) / "pretrain_args.json", json.dumps(asdict(args), indent=2) + "\n")
 
