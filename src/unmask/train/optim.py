@@ -9,22 +9,30 @@ import torch
 from unmask.errors import UsageError
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: weight decay on matrices only, none on biases and LayerNorm (BERT's recipe)."""
-    decay, no_decay, seen = [], [], set()
+def param_groups(model: torch.nn.Module, weight_decay: float, head_lr_scale: float = 1.0) -> list[dict]:
+    """AdamW groups: weight decay on matrices only, none on biases and LayerNorm (BERT's recipe). The head's own
+    parameters (outside the encoder, `base_model_prefix`) carry `lr_scale` = `head_lr_scale`."""
+    prefix = (getattr(model, "base_model_prefix", None) or "") + "."
+    groups: dict[tuple[bool, bool], list] = {}
+    seen = set()
     for name, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:  # tied parameters appear once
+        if not p.requires_grad or id(p) in seen:  # tied parameters appear once, under the encoder's name
             continue
         seen.add(id(p))
-        (no_decay if p.dim() < 2 or "LayerNorm" in name or "norm" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decays = not (p.dim() < 2 or "LayerNorm" in name or "norm" in name)
+        head = prefix != "." and not name.startswith(prefix)
+        groups.setdefault((decays, head and head_lr_scale != 1.0), []).append(p)
+    return [{"params": params, "weight_decay": weight_decay if decays else 0.0,
+             "lr_scale": head_lr_scale if scaled else 1.0} for (decays, scaled), params in groups.items()]
 
 
 def make_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float = 0.01,
-                   betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6) -> torch.optim.AdamW:
+                   betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                   head_lr_scale: float = 1.0) -> torch.optim.AdamW:
     # fused: one kernel per parameter for the whole update; the foreach path spends a large share of a CPU
     # fine-tuning step in its sqrt pass (BENCHMARKS.md)
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=betas, eps=eps, fused=True)
+    return torch.optim.AdamW(param_groups(model, weight_decay, head_lr_scale), lr=learning_rate, betas=betas,
+                             eps=eps, fused=True)
 
 
 SCHEDULES = ("linear", "cosine", "constant", "warmup_stable_decay")
@@ -52,4 +60,4 @@ def lr_factor(step: int, warmup_steps: int, decay_progress: float, schedule: str
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
