@@ -10,15 +10,32 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """Exact (erf) GELU, as BERT and HF use, computed by ATen's kernel over a transposed view.
+
+    Why the view: for a contiguous float tensor on the CPU, `F.gelu` calls oneDNN, which builds a kernel for each
+    shape and caches it (~2 MB each). Unpadded batches have a new number of tokens almost every step, so memory
+    grows by the step (training) and by the request (serving). ATen's kernel, which non-contiguous input gets, is
+    as fast and keeps nothing (BENCHMARKS.md); the output comes back in the input's layout."""
+    return F.gelu(x.mT).mT if x.dim() > 1 else F.gelu(x)
+
+
+def gelu_(x: torch.Tensor) -> torch.Tensor:
+    torch.ops.aten.gelu_(x.mT if x.dim() > 1 else x)
+    return x
+
+
 ACTIVATIONS = {
-    "gelu": F.gelu,  # exact (erf) GELU, as BERT and HF use
+    "gelu": gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
     "relu": F.relu,
 }
 ACTIVATIONS_IN_PLACE = {
-    "gelu": torch.ops.aten.gelu_,
+    "gelu": gelu_,
     "gelu_new": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
     "gelu_pytorch_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
     "silu": lambda x: F.silu(x, inplace=True),

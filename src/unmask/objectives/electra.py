@@ -29,6 +29,7 @@ from unmask.errors import CheckpointError, UsageError
 from unmask.hub import load_weights, read_weights
 from unmask.io import atomic_write
 from unmask.models import from_config
+from unmask.models.activations import gelu
 from unmask.models.outputs import IGNORE_INDEX, mlm_loss, prediction_rows
 
 EXTRA_WEIGHTS = "electra.safetensors"
@@ -73,7 +74,7 @@ class GeneratorHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(word_embeddings.num_embeddings))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.LayerNorm(F.gelu(self.dense(x)))  # (N, E)
+        x = self.LayerNorm(gelu(self.dense(x)))  # (N, E)
         return F.linear(x, self.word_embeddings[0].weight, self.bias)  # (N, V)
 
 
@@ -86,7 +87,7 @@ class DiscriminatorHead(nn.Module):
         self.dense_prediction = nn.Linear(hidden_size, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dense_prediction(F.gelu(self.dense(x))).squeeze(-1)  # (..., H) -> (...)
+        return self.dense_prediction(gelu(self.dense(x))).squeeze(-1)  # (..., H) -> (...)
 
 
 @dataclass
