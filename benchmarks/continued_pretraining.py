@@ -233,6 +233,7 @@ class TreeMemory:
 def _timed_run(command: list[str], output_dir: Path) -> dict:
     """Run `unmask pretrain`; the seconds to its first metrics line (step 1), the steady tokens/s (median of the
     lines after the first fifth) and the peak memory of its process tree."""
+    shutil.rmtree(output_dir, ignore_errors=True)  # an earlier run's metrics.jsonl would read as a first step
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     memory = TreeMemory(proc.pid)
