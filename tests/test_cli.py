@@ -41,3 +41,39 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path):
     assert "not valid UTF-8" in result.stderr and "Traceback" not in result.stderr
     result = unmask("demo", "--mlm_probability", "1.5")
     assert result.returncode == 2 and "between 0 and 1" in result.stderr
+
+
+def test_help_and_version_answer_without_torch():
+    """`--help` builds every command's flags from torch-free argument modules: torch is never imported."""
+    probe = ("import sys\nfrom unmask.cli import main\n"
+             "for argv in (['--help'], ['pretrain', '--help'], ['finetune', '--help'], ['serve', '--help'], "
+             "['--version']):\n"
+             "    try:\n        main(argv)\n    except SystemExit as e:\n        assert e.code == 0, argv\n"
+             "print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("False")
+    assert "unmask 0." in unmask("--version").stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["pretrain", "--learnig_rate", "1e-4", "--train_file", "x", "--output_dir", "y"],
+     "unrecognized argument --learnig_rate; did you mean --learning_rate"),
+    (["eval", "sts", "--modle", "m"], "unrecognized argument --modle; did you mean --model?"),  # before "required"
+    (["embed", "m", "--input", "a", "--output", "b", "--zzz"], "unrecognized argument --zzz; see unmask embed --help"),
+])
+def test_an_unknown_flag_gets_the_command_usage_and_the_closest_flag(argv, message):
+    result = unmask(*argv)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"usage: unmask {argv[0]}") and message in result.stderr
+
+
+def test_a_closed_pipe_ends_quietly(model_dirs):
+    """`unmask ... | head`: the reader leaves after one line of a large output; no BrokenPipeError traceback."""
+    command = [sys.executable, "-m", "unmask.cli", "predict", "classify", "--model", str(model_dirs["classify"]),
+               *["a short text to classify"] * 3000]  # ~150 KB of JSON: more than a pipe holds
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.read(10)
+    process.stdout.close()
+    stderr = process.communicate(timeout=300)[1].decode()
+    assert process.returncode == 1 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

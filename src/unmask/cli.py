@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
+import os
 import sys
 
+from unmask import __version__
 from unmask.errors import UnmaskError, UsageError
 from unmask.heads import FINETUNE_TASKS, LABELLED_TASKS, PREDICT_TASKS
 
@@ -153,7 +156,8 @@ def _args_of(cls, args):
 
 
 def _run_finetune(args) -> None:
-    from unmask.train.finetune import FinetuneArgs, finetune
+    from unmask.train.args import FinetuneArgs
+    from unmask.train.finetune import finetune
 
     print(json.dumps(finetune(_args_of(FinetuneArgs, args)), indent=2))
 
@@ -197,7 +201,8 @@ def _run_predict(args) -> None:
 
 
 def _run_pretrain(args) -> None:
-    from unmask.train.pretrain import PretrainArgs, pretrain
+    from unmask.train.args import PretrainArgs
+    from unmask.train.pretrain import pretrain
 
     print(json.dumps(pretrain(_args_of(PretrainArgs, args)), indent=2))
 
@@ -316,8 +321,7 @@ def _add_setup_commands(commands) -> None:
 
 
 def _add_training_commands(commands) -> None:
-    from unmask.train.finetune import FinetuneArgs
-    from unmask.train.pretrain import PretrainArgs
+    from unmask.train.args import FinetuneArgs, PretrainArgs
 
     pretrain = commands.add_parser("pretrain", help="masked-LM pretraining from text files")
     _add_dataclass_flags(pretrain, PretrainArgs)
@@ -413,7 +417,7 @@ def _add_eval_embeddings(eval_commands) -> None:
 
 
 def _add_serve_command(commands) -> None:
-    from unmask.serve.model import ServeOptions
+    from unmask.serve.options import ServeOptions
 
     serve = commands.add_parser("serve", help="an HTTP server (text-embeddings-inference's API) with dynamic batching")
     serve.add_argument("model", help="a model directory: encoder / sentence-transformers (embed), "
@@ -427,7 +431,8 @@ def _add_serve_command(commands) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="unmask", description="Pretrain, fine-tune and serve BERT-style encoders.")
+    parser = _Parser(prog="unmask", description="Pretrain, fine-tune and serve BERT-style encoders.")
+    parser.add_argument("--version", action="version", version=f"unmask {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_setup_commands(commands)
     _add_training_commands(commands)
@@ -442,23 +447,57 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_serve(args) -> None:
-    from unmask.serve.model import ServeOptions
+    from unmask.serve.options import ServeOptions
     from unmask.serve.server import serve
 
     serve(args.model, args.host, args.port, _args_of(ServeOptions, args), args.log_level)
 
 
+def _chosen_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The (sub)parser of the command `args` ran: `unmask eval sts` -> the `sts` parser."""
+    while True:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not actions or getattr(args, actions[0].dest, None) is None:
+            return parser
+        parser = actions[0].choices[getattr(args, actions[0].dest)]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a flag it does not know is named with the closest flags the command has, even where argparse
+    would first complain about a missing required flag (`--modle x` means `--model` is missing)."""
+
+    argv: list[str] = []
+
+    def error(self, message: str):
+        known = [option for action in self._actions for option in action.option_strings]
+        unknown = [a.split("=")[0] for a in self.argv if a.startswith("--") and a.split("=")[0] not in known]
+        if self._subparsers is None and unknown:  # a leaf command: its flags are all it takes
+            spelled = {k.lstrip("-").replace("-", "_"): k for k in known}
+            close = difflib.get_close_matches(unknown[0].lstrip("-").replace("-", "_"), spelled, n=2, cutoff=0.7)
+            hint = f"did you mean {' or '.join(spelled[c] for c in close)}?" if close else f"see {self.prog} --help"
+            message = f"unrecognized argument {unknown[0]}; {hint}"
+        super().error(message)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `unmask` command: a mistake a user can fix (an `UnmaskError`) prints one line and exits 2."""
+    parser = build_parser()
+    _Parser.argv = sys.argv[1:] if argv is None else list(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     from unmask.runtime import keep_freed_memory
 
-    args = build_parser().parse_args(argv)
     keep_freed_memory()  # once, for the whole process: large tensors are reused, not page-faulted in again
     try:
         args.run(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
     except (UnmaskError, FileNotFoundError) as e:
         print(f"unmask: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `unmask ... | head`: the reader left; say nothing more (Python's documented recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 

@@ -200,6 +200,8 @@ class ModernBertConfig(HFConfig):
 
 
 CONFIG_CLASSES = {"bert": BertConfig, "modernbert": ModernBertConfig}
+# the token poolings of a sentence-transformers `1_Pooling/config.json` that unmask reads
+POOLING_MODES = ("mean", "cls", "max")
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> BertConfig | ModernBertConfig:

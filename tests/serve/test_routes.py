@@ -12,7 +12,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from unmask.serve.model import ServedModel, ServeOptions, TokenIds  # noqa: E402
+from unmask.serve.model import ServedModel, TokenIds  # noqa: E402
+from unmask.serve.options import ServeOptions  # noqa: E402
 
 TEXT = "the old sailor remembered the lighthouse"
 

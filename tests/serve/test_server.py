@@ -205,7 +205,8 @@ def test_bad_server_flags_are_clear_errors(model_dirs, tmp_path):
 
 @pytest.mark.parametrize("head", ["embed", "classify", "fill-mask", "tag"])
 def test_int8_option_quantises_the_served_model(model_dirs, head):
-    from unmask.serve.model import ServedModel, ServeOptions
+    from unmask.serve.model import ServedModel
+    from unmask.serve.options import ServeOptions
 
     served = ServedModel(model_dirs[head], ServeOptions(int8=True))
     assert served.head == head
@@ -215,7 +216,8 @@ def test_int8_option_quantises_the_served_model(model_dirs, head):
 
 @pytest.mark.parametrize("head", ["embed", "classify", "fill-mask", "tag"])
 def test_bf16_option_casts_the_served_model(model_dirs, head):
-    from unmask.serve.model import ServedModel, ServeOptions
+    from unmask.serve.model import ServedModel
+    from unmask.serve.options import ServeOptions
 
     served = ServedModel(model_dirs[head], ServeOptions(bf16=True))
     assert {p.dtype for p in served.model.parameters()} == {torch.bfloat16}

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """Exact (erf) GELU, as BERT and HF use, computed by ATen's kernel over a transposed view.
 

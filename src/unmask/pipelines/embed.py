@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from tokenizers import Encoding
 
+from unmask.config import POOLING_MODES
 from unmask.data.windows import make_windows, mean_by_owner
 from unmask.errors import CheckpointError, UsageError
 from unmask.hub import load_weights, read_config, read_weights
@@ -25,7 +26,6 @@ from unmask.models.bert import BertModel
 from unmask.pipelines.batching import check_texts, run_batches
 from unmask.tokenizer import load_tokenizer
 
-POOLING_MODES = ("mean", "cls", "max")
 _POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
                   "max": "pooling_mode_max_tokens"}
 _NORMALIZE_TYPES = ("Normalize",)

@@ -37,7 +37,8 @@ from pydantic import ValidationError
 
 from unmask.pipelines.classify import label_scores, ranked, relevance
 from unmask.serve.batching import Batcher, BatchStats, Job
-from unmask.serve.model import ServedModel, ServeError, ServeOptions, TokenIds, matryoshka
+from unmask.serve.model import ServedModel, ServeError, TokenIds, matryoshka
+from unmask.serve.options import ServeOptions
 from unmask.serve.schemas import (
     DecodeRequest,
     EmbedAllRequest,

@@ -18,56 +18,21 @@ import torch
 from unmask import models
 from unmask.data.labelled import LabelledFormat, load_pairs, load_task_data
 from unmask.data.readers import is_sts_release, read_sts
-from unmask.errors import DataError, UsageError
-from unmask.heads import FINETUNE_TASKS, TASK_HEADS
+from unmask.errors import DataError
+from unmask.heads import TASK_HEADS
 from unmask.io import atomic_write_text
 from unmask.objectives.contrastive import cosent_loss, in_batch_negatives_loss
 from unmask.pipelines.embed import SentenceEncoder, pool
 from unmask.tokenizer import load_tokenizer
+from unmask.train.args import FinetuneArgs
 from unmask.train.distributed import init_distributed
 from unmask.train.evaluate import evaluate_sts, evaluate_task
-from unmask.train.loop import Evaluation, SampleOrder, TrainingArgs, train_loop
+from unmask.train.loop import Evaluation, SampleOrder, train_loop
 
 
 def load_head_model(task: str, path: str, int8: bool = False, bf16: bool = False, config=None, **config_overrides):
     """The fine-tuning class of the directory's architecture (BERT or ModernBERT) for `task`."""
     return models.from_pretrained(path, TASK_HEADS[task], int8=int8, bf16=bf16, config=config, **config_overrides)
-
-
-@dataclass(kw_only=True)
-class FinetuneArgs(TrainingArgs):
-    task: str
-    model: str  # any encoder directory: ours, or a transformers / sentence-transformers one
-    train_file: str
-    validation_file: str | None = None
-    text_column: str = "sentence"
-    text_pair_column: str | None = None  # pair: the second text ("sentence2" when not given)
-    label_column: str = "label"
-    regression: bool = False  # pair/classify: predict a number (num_labels = 1, MSE)
-    label_scale: float = 1.0  # regression targets are divided by this (STS-B: 5)
-    max_seq_length: int = 128
-    num_train_epochs: float = 3.0
-    warmup_ratio: float = 0.1
-    early_stopping_patience: int | None = None
-    # fine-tuning defaults differ from pretraining's
-    learning_rate: float = 5e-5
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8  # HF's default: with fine-tuning's small gradients 1e-6 damps the updates
-    warmup_steps: int = 0  # 0: warmup_ratio of the steps
-    max_steps: int = 0  # 0: num_train_epochs over the training data
-    logging_steps: int = 50
-
-    def __post_init__(self):
-        if self.task not in FINETUNE_TASKS:
-            raise UsageError(f"task must be one of {', '.join(FINETUNE_TASKS)}, got {self.task!r}")
-        if self.num_train_epochs <= 0 and self.max_steps <= 0:
-            raise UsageError("give --num_train_epochs or --max_steps")
-        if not 0 <= self.warmup_ratio < 1:
-            raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        super().__post_init__()
-
-    def labelled_format(self) -> LabelledFormat:
-        return LabelledFormat(**{f.name: getattr(self, f.name) for f in fields(LabelledFormat)})
 
 
 @dataclass
@@ -99,10 +64,14 @@ class BiEncoder(torch.nn.Module):
         return self.encoder.save_pretrained(output_dir)
 
 
+def labelled_format(args: FinetuneArgs) -> LabelledFormat:
+    return LabelledFormat(**{f.name: getattr(args, f.name) for f in fields(LabelledFormat)})
+
+
 def _embed_setup(args: FinetuneArgs, tokenizer):
     """(bi-encoder to train, training pairs, evaluate) for the embed task; validation is an STS file."""
     encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length)
-    train = load_pairs(args.labelled_format(), tokenizer, args.train_file)
+    train = load_pairs(labelled_format(args), tokenizer, args.train_file)
     if not args.validation_file:
         return BiEncoder(encoder), train, None
     valid = read_sts(args.validation_file)
@@ -126,7 +95,7 @@ def _head_setup(args: FinetuneArgs, tokenizer):
     if args.task == "pair" and not args.regression and is_sts_release(args.train_file):
         raise DataError(f"{args.train_file}: STS Benchmark scores are numbers; add --regression (and "
                         "--label_scale 5)")
-    spec = args.labelled_format()
+    spec = labelled_format(args)
     train, label2id = load_task_data(spec, tokenizer, args.train_file, None)
     valid = load_task_data(spec, tokenizer, args.validation_file, label2id)[0] if args.validation_file else None
     if train.truncated or (valid is not None and valid.truncated):

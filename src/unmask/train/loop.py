@@ -27,65 +27,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from unmask.errors import TrainingError, UsageError
+from unmask.errors import TrainingError
 from unmask.hub import load_weights, read_weights
 from unmask.models import warn_if_slow_bf16
 from unmask.models.outputs import IGNORE_INDEX
+from unmask.train.args import TrainingArgs
 from unmask.train.checkpoint import resume_point, save_checkpoint
 from unmask.train.distributed import Distributed
 from unmask.train.metrics_log import MetricsLog, plot_loss_curve
-from unmask.train.optim import SCHEDULES, lr_factor, make_optimizer, set_learning_rate
-
-
-@dataclass(kw_only=True)
-class TrainingArgs:
-    """The loop's settings; the task's own arguments extend these (flag names are HF TrainingArguments')."""
-
-    output_dir: str
-    per_device_train_batch_size: int = 32
-    per_device_eval_batch_size: int = 64
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 5e-4
-    # the head's own parameters (outside the encoder) at this peak rate, scheduled alike; None: --learning_rate.
-    # A head created new on a trained encoder learns faster at a higher rate than the encoder should move
-    head_learning_rate: float | None = None
-    weight_decay: float = 0.01
-    adam_beta2: float = 0.98
-    adam_epsilon: float = 1e-6  # BERT's pretraining value; fine-tuning uses HF's 1e-8
-    max_grad_norm: float = 1.0
-    max_steps: int = 1000
-    max_train_minutes: float | None = None  # a wall-clock budget; the schedule decays over whichever ends first
-    warmup_steps: int = 100
-    lr_scheduler_type: str = "linear"
-    decay_ratio: float = 0.1  # warmup_stable_decay: the last share of the (post-warmup) steps that decays
-    bf16: bool = False
-    torch_compile: bool = False  # compile the training forward (and so its backward): slow first steps, pays on GPUs
-    attn_backend: str = "varlen"  # ModernBERT: varlen (unpadded) or sdpa (padded, as transformers); BERT unpads
-    logging_steps: int = 10
-    eval_steps: int | None = None
-    save_steps: int | None = None
-    save_total_limit: int = 2
-    seed: int = 42
-    resume_from_checkpoint: str | None = None  # a checkpoint directory, or "latest" in output_dir
-    show_progress: bool = True
-
-    def __post_init__(self):
-        for name in ["per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps"]:
-            if getattr(self, name) < 1:
-                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_steps < 0 or self.warmup_steps < 0:
-            raise UsageError("--max_steps and --warmup_steps cannot be negative")
-        if self.learning_rate < 0:  # 0 is a dry run: every step taken, no weight changed
-            raise UsageError(f"--learning_rate cannot be negative, got {self.learning_rate}")
-        if self.head_learning_rate is not None and (self.head_learning_rate < 0 or self.learning_rate == 0):
-            raise UsageError("--head_learning_rate must be at least 0, with a --learning_rate above 0")
-        if self.lr_scheduler_type not in SCHEDULES:
-            raise UsageError(f"--lr_scheduler_type must be one of {', '.join(SCHEDULES)}, got "
-                             f"{self.lr_scheduler_type!r}")
-        if not 0.0 <= self.decay_ratio <= 1.0:
-            raise UsageError(f"--decay_ratio must be in [0, 1], got {self.decay_ratio}")
-        if self.attn_backend not in ("sdpa", "varlen"):
-            raise UsageError(f"--attn_backend must be sdpa or varlen, got {self.attn_backend!r}")
+from unmask.train.optim import lr_factor, make_optimizer, set_learning_rate
 
 
 @dataclass

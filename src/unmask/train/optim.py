@@ -7,6 +7,7 @@ import math
 import torch
 
 from unmask.errors import UsageError
+from unmask.train.args import SCHEDULES
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float, head_lr_scale: float = 1.0) -> list[dict]:
@@ -33,9 +34,6 @@ def make_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: f
     # fine-tuning step in its sqrt pass (BENCHMARKS.md)
     return torch.optim.AdamW(param_groups(model, weight_decay, head_lr_scale), lr=learning_rate, betas=betas,
                              eps=eps, fused=True)
-
-
-SCHEDULES = ("linear", "cosine", "constant", "warmup_stable_decay")
 
 
 def lr_factor(step: int, warmup_steps: int, decay_progress: float, schedule: str = "linear",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -30,79 +30,16 @@ from unmask.models import from_config, model_class, set_attn_backend
 from unmask.models.bert import init_positions_sinusoidal
 from unmask.objectives.electra import ElectraPretrainer
 from unmask.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from unmask.train.args import PretrainArgs
 from unmask.train.checkpoint import prepare_output_dir
 from unmask.train.distributed import Distributed, init_distributed
 from unmask.train.evaluate import evaluate_electra, evaluate_mlm
-from unmask.train.loop import Evaluation, SampleOrder, TrainingArgs, train_loop
+from unmask.train.loop import Evaluation, SampleOrder, train_loop
 from unmask.train.vocabulary import extend_vocabulary
-
-OBJECTIVES = ("mlm", "electra")
-POSITION_INITS = ("sinusoidal", "normal")
 
 
 def default_cache_root() -> Path:
     return Path(os.environ.get("UNMASK_CACHE", Path.home() / ".cache" / "unmask")) / "tokens"
-
-
-@dataclass(kw_only=True)
-class PretrainArgs(TrainingArgs):
-    train_file: list[str]
-    validation_file: list[str] = field(default_factory=list)
-    model_name_or_path: str | None = None  # a model directory to continue from (exclusive with model_config)
-    model_config: str | None = None  # a preset name (bert-*, modernbert-*) or a config.json; default bert-mini
-    overwrite_output_dir: bool = False  # a fresh run may write into a directory that holds another run's files
-    extend_vocab: int | None = None  # with model_name_or_path: add up to this many of the corpus's WordPiece pieces
-    objective: str = "mlm"  # mlm | electra
-    generator_size: float = 0.25  # electra: the generator's width as a fraction of the discriminator's
-    rtd_weight: float = 50.0  # electra: loss = MLM + rtd_weight x replaced-token detection
-    position_init: str | None = None  # a new BERT's learned positions start from: sinusoidal (default) | normal
-    tokenizer: str | None = None  # an HF tokenizer directory; None trains one with vocab_size
-    vocab_size: int | None = None  # the tokenizer trained when none is given (default 30522)
-    max_seq_length: int = 128
-    mlm_probability: float = 0.15
-    final_mlm_probability: float | None = None  # the masking rate moves linearly to this over the steps
-    whole_word_mask: bool = False
-    cross_documents: bool = False
-    max_eval_samples: int | None = None
-    text_field: str = "text"
-    cache_dir: str | None = None
-    streaming: bool = False  # read, tokenize and pack the training files while training, instead of a token cache
-    dataloader_num_workers: int = 1  # streaming: processes that read and tokenize (0: the training process itself)
-    shuffle_buffer_size: int = 10_000  # streaming: sequences held and drawn from at random
-    skip_bad_files: bool = False  # streaming: drop the rest of a file that cannot be read, count it and go on
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.model_config and self.model_name_or_path:
-            raise UsageError("--model_config and --model_name_or_path exclude each other: give a preset or config "
-                             "for a new model, or a directory to continue from")
-        if self.model_name_or_path:
-            for name in ("vocab_size", "position_init"):  # what only a new model or a new tokenizer uses
-                if getattr(self, name) is not None:
-                    raise UsageError(f"--{name} describes a new model; the one in --model_name_or_path has its own "
-                                     "(--extend_vocab grows its vocabulary)")
-        else:
-            self.model_config = self.model_config or "bert-mini"
-            self.position_init = "sinusoidal" if self.position_init is None else self.position_init
-            self.vocab_size = 30522 if self.vocab_size is None else self.vocab_size
-        if self.extend_vocab is not None and (not self.model_name_or_path or self.objective != "mlm"):
-            raise UsageError("--extend_vocab extends the vocabulary of a checkpoint: it needs --model_name_or_path "
-                             "and the mlm objective")
-        if self.final_mlm_probability is not None and not 0.0 < self.final_mlm_probability < 1.0:
-            raise UsageError(f"--final_mlm_probability must be in (0, 1), got {self.final_mlm_probability}")
-        if self.max_steps < 1:
-            raise UsageError(f"--max_steps must be at least 1, got {self.max_steps}")
-        if not 0.0 < self.mlm_probability < 1.0:
-            raise UsageError(f"--mlm_probability must be in (0, 1), got {self.mlm_probability}")
-        if self.objective not in OBJECTIVES:
-            raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        if self.dataloader_num_workers < 0 or self.shuffle_buffer_size < 1:
-            raise UsageError("--dataloader_num_workers cannot be negative and --shuffle_buffer_size must be at least 1")
-        if self.skip_bad_files and not self.streaming:
-            raise UsageError("--skip_bad_files applies to --streaming; the token cache is built from readable files "
-                             "only (the error names the file to fix or leave out)")
-        if self.position_init not in (*POSITION_INITS, None):
-            raise UsageError(f"--position_init must be one of {', '.join(POSITION_INITS)}, got {self.position_init!r}")
 
 
 def prepare_tokenizer(args: PretrainArgs, dist: Distributed) -> Tokenizer:

@@ -1,0 +1,158 @@
+"""The arguments of `unmask pretrain` and `unmask finetune` (flag names are HF TrainingArguments'), validated when
+made. Plain dataclasses, free of torch, so that `unmask <command> --help` answers at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from unmask.errors import UsageError
+from unmask.heads import FINETUNE_TASKS
+
+SCHEDULES = ("linear", "cosine", "constant", "warmup_stable_decay")
+OBJECTIVES = ("mlm", "electra")
+POSITION_INITS = ("sinusoidal", "normal")
+
+
+@dataclass(kw_only=True)
+class TrainingArgs:
+    """The loop's settings; the task's own arguments extend these (flag names are HF TrainingArguments')."""
+
+    output_dir: str
+    per_device_train_batch_size: int = 32
+    per_device_eval_batch_size: int = 64
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 5e-4
+    # the head's own parameters (outside the encoder) at this peak rate, scheduled alike; None: --learning_rate.
+    # A head created new on a trained encoder learns faster at a higher rate than the encoder should move
+    head_learning_rate: float | None = None
+    weight_decay: float = 0.01
+    adam_beta2: float = 0.98
+    adam_epsilon: float = 1e-6  # BERT's pretraining value; fine-tuning uses HF's 1e-8
+    max_grad_norm: float = 1.0
+    max_steps: int = 1000
+    max_train_minutes: float | None = None  # a wall-clock budget; the schedule decays over whichever ends first
+    warmup_steps: int = 100
+    lr_scheduler_type: str = "linear"
+    decay_ratio: float = 0.1  # warmup_stable_decay: the last share of the (post-warmup) steps that decays
+    bf16: bool = False
+    torch_compile: bool = False  # compile the training forward (and so its backward): slow first steps, pays on GPUs
+    attn_backend: str = "varlen"  # ModernBERT: varlen (unpadded) or sdpa (padded, as transformers); BERT unpads
+    logging_steps: int = 10
+    eval_steps: int | None = None
+    save_steps: int | None = None
+    save_total_limit: int = 2
+    seed: int = 42
+    resume_from_checkpoint: str | None = None  # a checkpoint directory, or "latest" in output_dir
+    show_progress: bool = True
+
+    def __post_init__(self):
+        for name in ["per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps"]:
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_steps < 0 or self.warmup_steps < 0:
+            raise UsageError("--max_steps and --warmup_steps cannot be negative")
+        if self.learning_rate < 0:  # 0 is a dry run: every step taken, no weight changed
+            raise UsageError(f"--learning_rate cannot be negative, got {self.learning_rate}")
+        if self.head_learning_rate is not None and (self.head_learning_rate < 0 or self.learning_rate == 0):
+            raise UsageError("--head_learning_rate must be at least 0, with a --learning_rate above 0")
+        if self.lr_scheduler_type not in SCHEDULES:
+            raise UsageError(f"--lr_scheduler_type must be one of {', '.join(SCHEDULES)}, got "
+                             f"{self.lr_scheduler_type!r}")
+        if not 0.0 <= self.decay_ratio <= 1.0:
+            raise UsageError(f"--decay_ratio must be in [0, 1], got {self.decay_ratio}")
+        if self.attn_backend not in ("sdpa", "varlen"):
+            raise UsageError(f"--attn_backend must be sdpa or varlen, got {self.attn_backend!r}")
+
+
+@dataclass(kw_only=True)
+class PretrainArgs(TrainingArgs):
+    train_file: list[str]
+    validation_file: list[str] = field(default_factory=list)
+    model_name_or_path: str | None = None  # a model directory to continue from (exclusive with model_config)
+    model_config: str | None = None  # a preset name (bert-*, modernbert-*) or a config.json; default bert-mini
+    overwrite_output_dir: bool = False  # a fresh run may write into a directory that holds another run's files
+    extend_vocab: int | None = None  # with model_name_or_path: add up to this many of the corpus's WordPiece pieces
+    objective: str = "mlm"  # mlm | electra
+    generator_size: float = 0.25  # electra: the generator's width as a fraction of the discriminator's
+    rtd_weight: float = 50.0  # electra: loss = MLM + rtd_weight x replaced-token detection
+    position_init: str | None = None  # a new BERT's learned positions start from: sinusoidal (default) | normal
+    tokenizer: str | None = None  # an HF tokenizer directory; None trains one with vocab_size
+    vocab_size: int | None = None  # the tokenizer trained when none is given (default 30522)
+    max_seq_length: int = 128
+    mlm_probability: float = 0.15
+    final_mlm_probability: float | None = None  # the masking rate moves linearly to this over the steps
+    whole_word_mask: bool = False
+    cross_documents: bool = False
+    max_eval_samples: int | None = None
+    text_field: str = "text"
+    cache_dir: str | None = None
+    streaming: bool = False  # read, tokenize and pack the training files while training, instead of a token cache
+    dataloader_num_workers: int = 1  # streaming: processes that read and tokenize (0: the training process itself)
+    shuffle_buffer_size: int = 10_000  # streaming: sequences held and drawn from at random
+    skip_bad_files: bool = False  # streaming: drop the rest of a file that cannot be read, count it and go on
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.model_config and self.model_name_or_path:
+            raise UsageError("--model_config and --model_name_or_path exclude each other: give a preset or config "
+                             "for a new model, or a directory to continue from")
+        if self.model_name_or_path:
+            for name in ("vocab_size", "position_init"):  # what only a new model or a new tokenizer uses
+                if getattr(self, name) is not None:
+                    raise UsageError(f"--{name} describes a new model; the one in --model_name_or_path has its own "
+                                     "(--extend_vocab grows its vocabulary)")
+        else:
+            self.model_config = self.model_config or "bert-mini"
+            self.position_init = "sinusoidal" if self.position_init is None else self.position_init
+            self.vocab_size = 30522 if self.vocab_size is None else self.vocab_size
+        if self.extend_vocab is not None and (not self.model_name_or_path or self.objective != "mlm"):
+            raise UsageError("--extend_vocab extends the vocabulary of a checkpoint: it needs --model_name_or_path "
+                             "and the mlm objective")
+        if self.final_mlm_probability is not None and not 0.0 < self.final_mlm_probability < 1.0:
+            raise UsageError(f"--final_mlm_probability must be in (0, 1), got {self.final_mlm_probability}")
+        if self.max_steps < 1:
+            raise UsageError(f"--max_steps must be at least 1, got {self.max_steps}")
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise UsageError(f"--mlm_probability must be in (0, 1), got {self.mlm_probability}")
+        if self.objective not in OBJECTIVES:
+            raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.dataloader_num_workers < 0 or self.shuffle_buffer_size < 1:
+            raise UsageError("--dataloader_num_workers cannot be negative and --shuffle_buffer_size must be at least 1")
+        if self.skip_bad_files and not self.streaming:
+            raise UsageError("--skip_bad_files applies to --streaming; the token cache is built from readable files "
+                             "only (the error names the file to fix or leave out)")
+        if self.position_init not in (*POSITION_INITS, None):
+            raise UsageError(f"--position_init must be one of {', '.join(POSITION_INITS)}, got {self.position_init!r}")
+
+
+@dataclass(kw_only=True)
+class FinetuneArgs(TrainingArgs):
+    task: str
+    model: str  # any encoder directory: ours, or a transformers / sentence-transformers one
+    train_file: str
+    validation_file: str | None = None
+    text_column: str = "sentence"
+    text_pair_column: str | None = None  # pair: the second text ("sentence2" when not given)
+    label_column: str = "label"
+    regression: bool = False  # pair/classify: predict a number (num_labels = 1, MSE)
+    label_scale: float = 1.0  # regression targets are divided by this (STS-B: 5)
+    max_seq_length: int = 128
+    num_train_epochs: float = 3.0
+    warmup_ratio: float = 0.1
+    early_stopping_patience: int | None = None
+    # fine-tuning defaults differ from pretraining's
+    learning_rate: float = 5e-5
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8  # HF's default: with fine-tuning's small gradients 1e-6 damps the updates
+    warmup_steps: int = 0  # 0: warmup_ratio of the steps
+    max_steps: int = 0  # 0: num_train_epochs over the training data
+    logging_steps: int = 50
+
+    def __post_init__(self):
+        if self.task not in FINETUNE_TASKS:
+            raise UsageError(f"task must be one of {', '.join(FINETUNE_TASKS)}, got {self.task!r}")
+        if self.num_train_epochs <= 0 and self.max_steps <= 0:
+            raise UsageError("give --num_train_epochs or --max_steps")
+        if not 0 <= self.warmup_ratio < 1:
+            raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        super().__post_init__()
