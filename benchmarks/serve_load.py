@@ -183,7 +183,7 @@ def main() -> None:
             key = f"{clients} clients, {name}"
             results[key] = serve_and_load(model_dir, clients, args, src, flags=flags)
             show(key, results[key])
-        for name in runs if args.baseline_src else ():
+        for name in [n for n in runs if n != "baseline"] if args.baseline_src else []:
             ours, theirs = results[f"{clients} clients, {name}"], results[f"{clients} clients, baseline"]
             print(f"{clients} clients, {name}: {ours['requests_per_second'] / theirs['requests_per_second']:.2f}x "
                   "the baseline's requests/s", flush=True)
