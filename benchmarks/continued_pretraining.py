@@ -270,7 +270,7 @@ def scale(args) -> dict:
                         show_progress=False)
     base = [sys.executable, "-m", "unmask.cli", "pretrain", "--model_config", "bert-mini", "--tokenizer",
             tokenizer_dir, "--max_steps", str(args.steps), "--logging_steps", "5", "--warmup_steps", "10",
-            "--per_device_train_batch_size", "32", "--max_seq_length", "128", "--no-show_progress",
+            "--per_device_train_batch_size", "32", "--max_seq_length", "128", "--no_show_progress",
             "--overwrite_output_dir", "--cache_dir", str(work / "cache")]
     streamed = _timed_run(base + ["--train_file", str(work / "corpus" / "shard-*.jsonl.gz"), "--streaming",
                                   "--output_dir", str(work / "streamed")], work / "streamed")

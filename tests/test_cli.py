@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -77,3 +78,23 @@ def test_a_closed_pipe_ends_quietly(model_dirs):
     process.stdout.close()
     stderr = process.communicate(timeout=300)[1].decode()
     assert process.returncode == 1 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_the_model_is_given_either_way_on_every_command(model_dirs):
+    """Positional or --model / --model_name_or_path, the same answer; given twice or not at all, a clear error."""
+    classifier = str(model_dirs["classify"])
+    answers = [unmask("predict", "classify", *form, "a text", "another text")
+               for form in ([classifier], ["--model", classifier], ["--model_name_or_path", classifier])]
+    assert all(a.returncode == 0 for a in answers), [a.stderr for a in answers]
+    assert answers[0].stdout == answers[1].stdout == answers[2].stdout
+    assert len(json.loads(answers[1].stdout)) == 2  # both texts scored: the flag's positional is a text
+    missing = unmask("eval", "sts", "--file", "x.tsv")
+    assert missing.returncode == 2 and "required: MODEL (a model directory, or --model MODEL)" in missing.stderr
+    twice = unmask("eval", "sts", classifier, "--model", classifier, "--file", "x.tsv")
+    assert twice.returncode == 2 and "the model is given twice" in twice.stderr
+
+
+def test_switches_are_spelled_with_underscores():
+    result = unmask("tokenizer", "train", "--help")
+    assert "--no_lowercase" in result.stdout and "--no-lowercase" not in result.stdout
+    assert unmask("pretrain", "--no-show_progress", "--train_file", "x", "--output_dir", "y").returncode == 2

@@ -14,6 +14,20 @@ from unmask.errors import UnmaskError, UsageError
 from unmask.heads import FINETUNE_TASKS, LABELLED_TASKS, PREDICT_TASKS
 
 
+class _Switch(argparse.Action):
+    """A yes/no flag spelled with underscores throughout: `--show_progress` / `--no_show_progress`."""
+
+    def __init__(self, option_strings, dest, default=None, help=None, **_):
+        negated = [f"--no_{option[2:]}" for option in option_strings if option.startswith("--")]
+        super().__init__([*option_strings, *negated], dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, not option_string.startswith("--no_"))
+
+    def format_usage(self) -> str:
+        return " | ".join(self.option_strings)
+
+
 def _probability(value: str) -> float:
     p = float(value)
     if not 0.0 < p < 1.0:
@@ -141,7 +155,7 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, 
         default = None if required else (f.default_factory() if f.default is dataclasses.MISSING else f.default)
         help_text = _HELP.get(f.name, "") + ("" if required or default in (None, []) else f" (default {default})")
         if kind == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            parser.add_argument(flag, action=_Switch, default=default, help=help_text)
         elif kind.startswith("list"):
             parser.add_argument(flag, action="extend", nargs="+", required=required, default=None, help=help_text)
         else:
@@ -282,6 +296,28 @@ def _run_eval_retrieval(args) -> None:
     print(json.dumps(result) if args.json else "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
 
 
+def _add_model(parser: argparse.ArgumentParser, what: str) -> None:
+    """The model directory, given either way on every command: `unmask CMD MODEL ...` or `--model MODEL`
+    (`--model_name_or_path` too, transformers' name); `_resolve_model` checks that one was given."""
+    parser.add_argument("model_path", nargs="?", metavar="MODEL", help=f"{what} (or --model)")
+    parser.add_argument("--model", "--model_name_or_path", dest="model", metavar="MODEL", help=f"{what}")
+
+
+def _resolve_model(parser: argparse.ArgumentParser, args) -> None:
+    """`args.model` from the positional or the flag. With the flag, a positional read as the model is the first
+    text (`predict classify --model M "a text"`)."""
+    if not hasattr(args, "model_path"):
+        return
+    if args.model is None:
+        if args.model_path is None:
+            parser.error("the following arguments are required: MODEL (a model directory, or --model MODEL)")
+        args.model = args.model_path
+    elif args.model_path is not None:
+        if not hasattr(args, "texts"):
+            parser.error(f"the model is given twice ({args.model_path} and --model {args.model}): give it once")
+        args.texts = [args.model_path, *args.texts]
+
+
 def _add_inference_precision(parser: argparse.ArgumentParser) -> None:
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--int8", action="store_true", help=_HELP["int8"])
@@ -312,8 +348,8 @@ def _add_setup_commands(commands) -> None:
     train.add_argument("files", nargs="+", help="text, .jsonl or .gz files, or globs")
     train.add_argument("--vocab_size", type=int, default=30522)
     train.add_argument("--output_dir", required=True)
-    train.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=True,
-                       help="lowercase and strip accents (uncased); --no-lowercase keeps case")
+    train.add_argument("--lowercase", action=_Switch, default=True,
+                       help="lowercase and strip accents (uncased); --no_lowercase keeps case")
     train.add_argument("--min_frequency", type=int, default=2)
     train.add_argument("--text_field", default="text", help="the field holding the text in .jsonl files")
     train.add_argument("--model_max_length", type=int, default=512)
@@ -329,14 +365,15 @@ def _add_training_commands(commands) -> None:
 
     finetune = commands.add_parser("finetune", help="fine-tune a head: classify, pair or tag")
     finetune.add_argument("task", choices=FINETUNE_TASKS)
-    _add_dataclass_flags(finetune, FinetuneArgs, skip=("task",))
+    _add_model(finetune, "the encoder to fine-tune: ours, a transformers or a sentence-transformers directory")
+    _add_dataclass_flags(finetune, FinetuneArgs, skip=("task", "model"))
     finetune.set_defaults(run=_run_finetune)
 
 
 def _add_inference_commands(commands) -> None:
     predict = commands.add_parser("predict", help="predictions of a fine-tuned model")
     predict.add_argument("task", choices=PREDICT_TASKS)
-    predict.add_argument("--model", required=True)
+    _add_model(predict, "a fine-tuned model directory")
     predict.add_argument("texts", nargs="+", help="texts (rerank: the query, then the documents)")
     predict.add_argument("--top_k", type=int, default=1, help="classify: how many labels to return")
     _add_truncation(predict, "the model's context")
@@ -344,11 +381,11 @@ def _add_inference_commands(commands) -> None:
     predict.set_defaults(run=_run_predict)
 
     embed = commands.add_parser("embed", help="sentence embeddings of a text file (one sentence per line)")
-    embed.add_argument("model", help="a sentence-transformers or HF encoder directory")
+    _add_model(embed, "a sentence-transformers or HF encoder directory")
     embed.add_argument("--input", required=True, help="UTF-8 text, one sentence per line")
     embed.add_argument("--output", required=True, help="where the (N, H) float32 .npy goes")
     embed.add_argument("--batch_size", type=int, default=32)
-    embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+    embed.add_argument("--normalize", action=_Switch, default=None,
                        help="L2-normalise (default: as the model directory says)")
     embed.add_argument("--max_seq_length", type=int, default=None)
     _add_truncation(embed, "max_seq_length")
@@ -356,7 +393,7 @@ def _add_inference_commands(commands) -> None:
     embed.set_defaults(run=_run_embed)
 
     fill = commands.add_parser("fill-mask", help="top-k fillers for each [MASK] in the text(s)")
-    fill.add_argument("model", help="a model directory")
+    _add_model(fill, "a masked-LM directory")
     fill.add_argument("texts", nargs="+", help="text(s) with at least one [MASK]")
     fill.add_argument("--top_k", type=int, default=5)
     fill.add_argument("--json", action="store_true", help="print the transformers pipeline's JSON shape")
@@ -366,7 +403,7 @@ def _add_inference_commands(commands) -> None:
 
 def _add_eval_mlm(eval_commands) -> None:
     mlm = eval_commands.add_parser("mlm", help="masked-LM loss, accuracy and perplexity on a text file")
-    mlm.add_argument("--model", required=True, help="a model directory")
+    _add_model(mlm, "a masked-LM directory")
     mlm.add_argument("--file", required=True, action="extend", nargs="+", help="text files or globs")
     mlm.add_argument("--max_seq_length", type=int, default=128)
     mlm.add_argument("--mlm_probability", type=_probability, default=0.15)
@@ -381,7 +418,7 @@ def _add_eval_mlm(eval_commands) -> None:
 def _add_eval_labelled(eval_commands) -> None:
     for task in LABELLED_TASKS:
         sub = eval_commands.add_parser(task, help=f"metrics of a fine-tuned {task} model on a labelled file")
-        sub.add_argument("--model", required=True)
+        _add_model(sub, f"a fine-tuned {task} model directory")
         sub.add_argument("--file", required=True)
         sub.add_argument("--text_column", default="sentence" if task == "classify" else "sentence1")
         sub.add_argument("--text_pair_column", default="sentence2" if task == "pair" else None)
@@ -395,7 +432,7 @@ def _add_eval_labelled(eval_commands) -> None:
 
 def _add_eval_embeddings(eval_commands) -> None:
     sts = eval_commands.add_parser("sts", help="Spearman / Pearson of embedding cosine against gold scores")
-    sts.add_argument("--model", required=True, help="a sentence-transformers or HF encoder directory")
+    _add_model(sts, "a sentence-transformers or HF encoder directory")
     sts.add_argument("--file", required=True, help="STS Benchmark file, or a TSV/JSONL with the column flags")
     sts.add_argument("--sentence1_column", default=None, help="(other formats) column of the first sentence")
     sts.add_argument("--sentence2_column", default=None, help="column of the second sentence (default sentence2)")
@@ -405,7 +442,7 @@ def _add_eval_embeddings(eval_commands) -> None:
     _add_inference_precision(sts)
     sts.set_defaults(run=_run_eval_sts)
     retrieval = eval_commands.add_parser("retrieval", help="BEIR-style retrieval: nDCG@10, recall@100, MRR@10")
-    retrieval.add_argument("--model", required=True)
+    _add_model(retrieval, "a sentence-transformers or HF encoder directory")
     retrieval.add_argument("--corpus", required=True, help="corpus.jsonl (_id, title, text)")
     retrieval.add_argument("--queries", required=True, help="queries.jsonl (_id, text)")
     retrieval.add_argument("--qrels", required=True, help="qrels TSV (query-id, corpus-id, score)")
@@ -420,9 +457,8 @@ def _add_serve_command(commands) -> None:
     from unmask.serve.options import ServeOptions
 
     serve = commands.add_parser("serve", help="an HTTP server (text-embeddings-inference's API) with dynamic batching")
-    serve.add_argument("model", help="a model directory: encoder / sentence-transformers (embed), "
-                                     "...ForSequenceClassification (predict, rerank), ...ForMaskedLM (fill-mask), "
-                                     "...ForTokenClassification (tag)")
+    _add_model(serve, "a model directory: encoder / sentence-transformers (embed), ...ForSequenceClassification "
+                      "(predict, rerank), ...ForMaskedLM (fill-mask), ...ForTokenClassification (tag)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     serve.add_argument("--port", type=int, default=8080)
     _add_dataclass_flags(serve, ServeOptions)
@@ -486,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    _resolve_model(_chosen_parser(parser, args), args)
     from unmask.runtime import keep_freed_memory
 
     keep_freed_memory()  # once, for the whole process: large tensors are reused, not page-faulted in again

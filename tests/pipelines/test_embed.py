@@ -205,7 +205,7 @@ def test_embed_command(tmp_path, minilm_dir):
     assert 0.998 < (np.load(out) * fp32).sum(1).min()  # bfloat16 rounding only
     done = subprocess.run(run + ["--bf16", "--int8"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
-    done = subprocess.run(run + ["--no-normalize"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(run + ["--no_normalize"], capture_output=True, text=True, timeout=120)
     assert not np.allclose(np.linalg.norm(np.load(out), axis=1), 1, atol=1e-3)
     sentences.write_text("one\n\nthree\n")
     done = subprocess.run(run, capture_output=True, text=True, timeout=120)

@@ -43,7 +43,7 @@ def _cli(setup, output_dir, *extra):
             str(output_dir), "--model_config", setup["config"], "--tokenizer", setup["tokenizer"],
             "--max_seq_length", "32", "--per_device_train_batch_size", "8", "--learning_rate", "1e-3",
             "--warmup_steps", "5", "--max_steps", "30", "--save_steps", "3", "--logging_steps", "3",
-            "--streaming", "--shuffle_buffer_size", "64", "--dataloader_num_workers", "1", "--no-show_progress",
+            "--streaming", "--shuffle_buffer_size", "64", "--dataloader_num_workers", "1", "--no_show_progress",
             *extra]
 
 
