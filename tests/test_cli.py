@@ -98,3 +98,20 @@ def test_switches_are_spelled_with_underscores():
     result = unmask("tokenizer", "train", "--help")
     assert "--no_lowercase" in result.stdout and "--no-lowercase" not in result.stdout
     assert unmask("pretrain", "--no-show_progress", "--train_file", "x", "--output_dir", "y").returncode == 2
+
+
+@pytest.mark.parametrize("argv, holds", [
+    (["predict", "classify", "{fill-mask}", "a text"], "holds a masked-LM (BertForMaskedLM)"),
+    (["predict", "tag", "{classify}", "a text"], "holds a sequence classifier (BertForSequenceClassification)"),
+    (["predict", "rerank", "{embed}", "a query", "a text"], "holds an encoder without a task head (BertModel)"),
+    (["fill-mask", "{embed}", "a [MASK] text"], "holds an encoder without a task head"),
+    (["eval", "mlm", "{classify}", "--file", "x.txt"], "holds a sequence classifier"),
+    (["eval", "tag", "{classify}", "--file", "x.conll"], "holds a sequence classifier"),
+])
+def test_the_wrong_kind_of_model_is_named_with_what_fits_it(argv, holds, model_dirs):
+    """Never a traceback and never a head made up from random weights: what the directory holds and what fits."""
+    argv = [a.format(**{k: str(v) for k, v in model_dirs.items()}) if a.startswith("{") else a for a in argv]
+    result = unmask(*argv)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert holds in result.stderr and "that directory fits: unmask" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -11,7 +11,7 @@ import sys
 
 from unmask import __version__
 from unmask.errors import UnmaskError, UsageError
-from unmask.heads import FINETUNE_TASKS, LABELLED_TASKS, PREDICT_TASKS
+from unmask.heads import FINETUNE_TASKS, LABELLED_TASKS, PREDICT_TASKS, check_head
 
 
 class _Switch(argparse.Action):
@@ -178,11 +178,14 @@ def _run_finetune(args) -> None:
 
 def _run_eval_task(args) -> None:
     from unmask.data.labelled import LabelledFormat, load_task_data
+    from unmask.hub import read_config
     from unmask.tokenizer import load_tokenizer
     from unmask.train.evaluate import evaluate_task
     from unmask.train.finetune import load_head_model
 
-    model = load_head_model(args.task, args.model)
+    config = read_config(args.model)
+    check_head(f"unmask eval {args.task}", args.task, args.model, config.architectures)
+    model = load_head_model(args.task, args.model, config=config)
     tokenizer = load_tokenizer(args.model, model.config)
     regression = model.config.num_labels == 1
     spec = LabelledFormat(task=args.task, text_column=args.text_column, text_pair_column=args.text_pair_column,
@@ -195,12 +198,15 @@ def _run_eval_task(args) -> None:
 
 
 def _run_predict(args) -> None:
+    from unmask.hub import read_config
     from unmask.pipelines.classify import predict_classify, predict_rerank
     from unmask.pipelines.tag import predict_entities
     from unmask.tokenizer import load_tokenizer
     from unmask.train.finetune import load_head_model
 
-    model = load_head_model(args.task, args.model, int8=args.int8, bf16=args.bf16)
+    config = read_config(args.model)
+    check_head(f"unmask predict {args.task}", args.task, args.model, config.architectures)
+    model = load_head_model(args.task, args.model, int8=args.int8, bf16=args.bf16, config=config)
     tokenizer = load_tokenizer(args.model, model.config)
     long_inputs = {"truncation": args.truncation, "stride": args.stride}
     if args.task == "classify":
@@ -223,12 +229,15 @@ def _run_pretrain(args) -> None:
 
 def _run_eval_mlm(args) -> None:
     from unmask.data.pretraining import PackedDataset, build_token_cache
+    from unmask.hub import read_config
     from unmask.models import from_pretrained
     from unmask.tokenizer import load_tokenizer
     from unmask.train.evaluate import evaluate_mlm
     from unmask.train.pretrain import default_cache_root
 
-    model = from_pretrained(args.model, "masked-lm")
+    config = read_config(args.model)
+    check_head("unmask eval mlm", "fill-mask", args.model, config.architectures)
+    model = from_pretrained(args.model, "masked-lm", config=config)
     tokenizer = load_tokenizer(args.model, model.config)
     cache = build_token_cache(args.file, tokenizer, default_cache_root(), args.text_field, show_progress=False)
     data = PackedDataset.from_cache(cache, tokenizer, args.max_seq_length)
@@ -242,11 +251,14 @@ def _run_eval_mlm(args) -> None:
 
 
 def _run_fill_mask(args) -> None:
+    from unmask.hub import read_config
     from unmask.models import from_pretrained
     from unmask.pipelines.fill_mask import fill_mask
     from unmask.tokenizer import load_tokenizer
 
-    model = from_pretrained(args.model, "masked-lm", int8=args.int8, bf16=args.bf16)
+    config = read_config(args.model)
+    check_head("unmask fill-mask", "fill-mask", args.model, config.architectures)
+    model = from_pretrained(args.model, "masked-lm", int8=args.int8, bf16=args.bf16, config=config)
     tokenizer = load_tokenizer(args.model, model.config)
     results = fill_mask(model, tokenizer, args.texts, top_k=args.top_k)
     if args.json:

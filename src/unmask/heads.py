@@ -9,6 +9,8 @@ architecture and head are in `unmask.models.MODEL_CLASSES`; the finetune, eval, 
 
 from __future__ import annotations
 
+from unmask.errors import UsageError
+
 HEADS = ("encoder", "masked-lm", "sequence-classification", "token-classification")
 
 # task -> the head it trains or runs
@@ -37,3 +39,23 @@ def head_of(architectures: list[str] | None) -> str:
             if architecture.endswith(suffix):
                 return head
     return "encoder"
+
+# what a user can run on a directory with each head (the hint when a command gets the wrong kind)
+COMMANDS_FOR_HEAD = {
+    "encoder": "unmask embed, unmask eval sts / retrieval, unmask finetune, unmask serve",
+    "masked-lm": "unmask fill-mask, unmask eval mlm, unmask pretrain --model_name_or_path, unmask serve",
+    "sequence-classification": "unmask predict classify / rerank, unmask eval classify / pair, unmask serve",
+    "token-classification": "unmask predict tag, unmask eval tag, unmask serve",
+}
+_HEAD_NAMES = {"encoder": "an encoder without a task head", "masked-lm": "a masked-LM",
+               "sequence-classification": "a sequence classifier", "token-classification": "a token classifier"}
+
+
+def check_head(command: str, task: str, path, architectures: list[str] | None) -> None:
+    """Refuse a directory whose head does not fit `task` (`TASK_HEADS`), naming what it is and what fits it: a
+    head that is not there would be made up from random weights, and its output would be noise."""
+    found, needed = head_of(architectures), TASK_HEADS[task]
+    if found != needed:
+        named = f" ({architectures[0]})" if architectures else ""
+        raise UsageError(f"{command} needs {_HEAD_NAMES[needed]}, and {path} holds {_HEAD_NAMES[found]}{named}; "
+                         f"that directory fits: {COMMANDS_FOR_HEAD[found]}")
