@@ -71,7 +71,8 @@ def _run_tokenizer_train(args) -> None:
 
     tokenizer = train_tokenizer(args.files, args.vocab_size, lowercase=args.lowercase,
                                 min_frequency=args.min_frequency, text_field=args.text_field,
-                                model_max_length=args.model_max_length, output_dir=args.output_dir)
+                                model_max_length=args.model_max_length, output_dir=args.output_dir,
+                                show_progress=sys.stderr.isatty())  # its bar draws blank lines into a log file
     print(f"trained a WordPiece tokenizer with {tokenizer.vocab_size:,} tokens -> {args.output_dir}")
 
 

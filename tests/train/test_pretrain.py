@@ -36,10 +36,13 @@ def args_for(setup, output_dir, **overrides) -> PretrainArgs:
     return PretrainArgs(**{**base, **overrides})
 
 
-def test_pretrain_learns_logs_and_exports(setup):
+def test_pretrain_learns_logs_and_exports(setup, capsys):
     transformers = pytest.importorskip("transformers")
     out = setup["root"] / "run"
     result = pretrain(args_for(setup, out, max_steps=60, learning_rate=5e-3))
+    said = capsys.readouterr().err  # evaluations and the export are said, not only written to metrics.jsonl
+    assert said.count("eval_loss") == 3 and f"step 60: eval_loss {result['eval_loss']:.4f}" in said
+    assert f"saved the model of step 60 to {out}" in said
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "loss" in r]
     assert [r["step"] for r in train_rows] == [10, 20, 30, 40, 50, 60]

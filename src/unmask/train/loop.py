@@ -220,8 +220,13 @@ class Run:
     def evaluate(self) -> bool:
         """Evaluate, export the model if it is the best so far; True when patience has run out."""
         evaluation, state = self.evaluation, self.state
+        if self.args.show_progress and self.dist.is_main:
+            tqdm.write(f"step {state.step}: evaluating", file=sys.stderr)
         result = {f"eval_{k}": v for k, v in evaluation.evaluate().items()}
         self.metrics.write({"step": state.step, **result})
+        if self.dist.is_main:  # on the terminal and in a log file alike, as well as in metrics.jsonl
+            shown = "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items())
+            tqdm.write(f"step {state.step}: {shown}", file=sys.stderr)
         state.last_eval_step = state.step
         if evaluation.metric is None:
             return False
@@ -261,9 +266,13 @@ class Run:
             if evaluation is None or evaluation.metric is None:
                 self.model.save_pretrained(self.output_dir, tokenizer=self.tokenizer)
                 chosen = evals[-1] if evals else {}
+                print(f"saved the model of step {state.step} to {self.output_dir} ({final['train_seconds']:.0f} s "
+                      "of training)", file=sys.stderr, flush=True)
             else:  # the exported model is the best one: report its numbers
                 chosen = next(r for r in evals if r["step"] == state.best_step)
                 final["best_step"] = state.best_step
+                print(f"saved the best model (step {state.best_step}, {evaluation.metric} "
+                      f"{chosen[evaluation.metric]:.4f}) to {self.output_dir}", file=sys.stderr, flush=True)
             final.update({k: v for k, v in chosen.items() if k.startswith("eval_")})
             if self.metrics.path.exists():
                 plot_loss_curve(self.metrics.path, self.output_dir / "loss_curve.png")

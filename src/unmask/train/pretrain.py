@@ -59,7 +59,8 @@ def prepare_tokenizer(args: PretrainArgs, dist: Distributed) -> Tokenizer:
     tokenizer_dir = Path(args.output_dir) / "tokenizer"
     if dist.is_main and not (tokenizer_dir / "tokenizer.json").exists():
         train_tokenizer(args.train_file, args.vocab_size, output_dir=tokenizer_dir, text_field=args.text_field,
-                        model_max_length=args.max_seq_length, show_progress=args.show_progress)
+                        model_max_length=args.max_seq_length,
+                        show_progress=args.show_progress and sys.stderr.isatty())  # no blank lines in a log
     dist.barrier()
     return Tokenizer.from_pretrained(tokenizer_dir)
 
