@@ -115,3 +115,11 @@ def test_the_wrong_kind_of_model_is_named_with_what_fits_it(argv, holds, model_d
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert holds in result.stderr and "that directory fits: unmask" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_transformers_flag_names_and_flags_given_twice(tmp_path):
+    aliased = unmask("pretrain", "--config_name", "bert-tiny", "--tokenizer_name", tmp_path / "none",
+                     "--train_file", "x", "--output_dir", tmp_path / "o")
+    assert aliased.returncode == 2 and "tokenizer directory not found" in aliased.stderr  # read as --tokenizer
+    twice = unmask("finetune", "classify", "m", "--train_file", "a.tsv", "--train_file", "b.tsv", "--output_dir", "o")
+    assert twice.returncode == 2 and "--train_file is given twice: it takes one value" in twice.stderr

@@ -28,6 +28,16 @@ class _Switch(argparse.Action):
         return " | ".join(self.option_strings)
 
 
+class _Once(argparse._StoreAction):
+    """A flag that takes one value: given twice, an error (argparse would keep the last and drop the first)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if self.dest in getattr(namespace, "_given", set()):
+            parser.error(f"{option_string} is given twice: it takes one value")
+        namespace._given = getattr(namespace, "_given", set()) | {self.dest}
+        setattr(namespace, self.dest, values)
+
+
 def _probability(value: str) -> float:
     p = float(value)
     if not 0.0 < p < 1.0:
@@ -146,23 +156,28 @@ _HELP = {
 }
 
 
+# the names transformers' example scripts use, accepted beside ours
+_HF_ALIASES = {"tokenizer": ("--tokenizer_name",), "model_config": ("--config_name",)}
+
+
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
     """One snake_case flag per field of a dataclass of arguments; required when the field has no default."""
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        flag, kind = f"--{f.name}", str(f.type)
+        flags, kind = [f"--{f.name}", *_HF_ALIASES.get(f.name, ())], str(f.type)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = None if required else (f.default_factory() if f.default is dataclasses.MISSING else f.default)
         help_text = _HELP.get(f.name, "") + ("" if required or default in (None, []) else f" (default {default})")
         if kind == "bool":
-            parser.add_argument(flag, action=_Switch, default=default, help=help_text)
+            parser.add_argument(*flags, action=_Switch, default=default, help=help_text)
         elif kind.startswith("list"):
-            parser.add_argument(flag, action="extend", nargs="+", required=required, default=None, help=help_text)
+            parser.add_argument(*flags, action="extend", nargs="+", required=required, default=None, help=help_text)
         else:
             base = kind.split("|")[0].strip()
             convert = {"int": int, "float": float}.get(base, str)
-            parser.add_argument(flag, type=convert, required=required, default=default, help=help_text)
+            parser.add_argument(*flags, type=convert, required=required, default=default, help=help_text,
+                                action=_Once)
 
 
 def _args_of(cls, args):
