@@ -123,3 +123,23 @@ def test_transformers_flag_names_and_flags_given_twice(tmp_path):
     assert aliased.returncode == 2 and "tokenizer directory not found" in aliased.stderr  # read as --tokenizer
     twice = unmask("finetune", "classify", "m", "--train_file", "a.tsv", "--train_file", "b.tsv", "--output_dir", "o")
     assert twice.returncode == 2 and "--train_file is given twice: it takes one value" in twice.stderr
+
+
+def test_every_flag_of_every_command_has_help():
+    import argparse
+
+    from unmask.cli import build_parser
+
+    missing = []
+
+    def walk(parser, name):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                assert all(choice.help for choice in action._choices_actions), name  # listed with a line each
+                for sub_name, sub in action.choices.items():
+                    walk(sub, f"{name} {sub_name}")
+            elif action.dest != "help" and len((action.help or "").split("(default")[0].strip()) < 10:
+                missing.append(f"{name} {action.option_strings or action.dest}")
+
+    walk(build_parser(), "unmask")
+    assert not missing

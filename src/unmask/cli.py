@@ -56,7 +56,7 @@ def _add_demo_flags(parser: argparse.ArgumentParser) -> None:
                         help='"sat" and "ran" are both followed by "on"')
     parser.add_argument("--blank", choices=["verb", "subject"], default="verb",
                         help="the word the fill-in-the-blank test hides (subject = position 1)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the masking draws (default 0)")
 
 
 def _run_demo(args) -> None:
@@ -87,6 +87,39 @@ def _run_tokenizer_train(args) -> None:
 
 
 _HELP = {
+    "output_dir": "where the model, its checkpoints, metrics.jsonl and the loss curve are written",
+    "per_device_train_batch_size": "training sequences per step on each process",
+    "per_device_eval_batch_size": "sequences per forward pass when evaluating",
+    "gradient_accumulation_steps": "micro-batches summed into one optimizer step (the global batch is per-device x "
+                                   "processes x this)",
+    "learning_rate": "peak learning rate (AdamW), reached after the warmup",
+    "weight_decay": "AdamW weight decay, on matrices only (not biases and LayerNorm)",
+    "adam_beta2": "AdamW's second-moment decay",
+    "adam_epsilon": "AdamW's epsilon",
+    "max_grad_norm": "clip the gradients' global norm to this",
+    "max_steps": "optimizer steps to train",
+    "warmup_steps": "steps of linear warmup from 0 to --learning_rate",
+    "logging_steps": "write a metrics line (loss, learning rate, tokens/s) every this many steps",
+    "eval_steps": "evaluate on --validation_file every this many steps (default: once, at the end)",
+    "save_steps": "write a resumable checkpoint-N every this many steps (default: none)",
+    "save_total_limit": "checkpoints kept; older ones are deleted",
+    "seed": "random seed of initialisation, data order and masking",
+    "show_progress": "a progress bar (plain lines when the output is not a terminal)",
+    "vocab_size": "the size of the WordPiece tokenizer trained when no --tokenizer is given (default 30522)",
+    "max_seq_length": "tokens per sequence, [CLS] and [SEP] included",
+    "mlm_probability": "share of the tokens chosen for masking (BERT's 80/10/10 rule then applies)",
+    "max_eval_samples": "evaluate on at most this many validation sequences (default: all)",
+    "text_field": "the field that holds the text in JSONL, Parquet and Arrow files",
+    "cache_dir": "where the token cache is written (default: ~/.cache/unmask)",
+    "text_column": "the column of the (first) text",
+    "text_pair_column": "pair: the column of the second text (default sentence2)",
+    "label_column": "the column of the label (or score)",
+    "regression": "classify / pair: predict a number (one output, mean squared error) instead of a label",
+    "label_scale": "regression: targets are divided by this (STS-B's 0-5 scores: 5)",
+    "num_train_epochs": "passes over the training data (when --max_steps is 0)",
+    "warmup_ratio": "share of the steps spent warming up (when --warmup_steps is 0)",
+    "early_stopping_patience": "stop after this many evaluations without a better --validation_file metric "
+                               "(default: train to the end; the best evaluated model is exported either way)",
     "train_file": "training text: files or globs (.txt, .jsonl, .parquet, .arrow, save_to_disk directories; .gz "
                   "or .zst compressed); repeatable",
     "validation_file": "held-out text for evaluation; repeatable",
@@ -160,7 +193,22 @@ _HELP = {
 _HF_ALIASES = {"tokenizer": ("--tokenizer_name",), "model_config": ("--config_name",)}
 
 
-def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
+# where a command reads a field otherwise than _HELP says
+_FINETUNE_HELP = {
+    "train_file": "labelled training data: CSV / TSV with a header, or JSONL (classify, pair, embed); CoNLL "
+                  "(tag: a token and its tag per line, blank lines between sentences)",
+    "validation_file": "held-out data of the same format (embed: an STS file), evaluated after each epoch; the "
+                       "best epoch is the exported model",
+    "max_steps": "optimizer steps to train (0: --num_train_epochs over the training data)",
+    "warmup_steps": "steps of linear warmup (0: --warmup_ratio of the steps)",
+}
+
+
+_JSON_HELP = "print one JSON object instead of the readable line"
+
+
+def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (),
+                         helps: dict[str, str] | None = None) -> None:
     """One snake_case flag per field of a dataclass of arguments; required when the field has no default."""
     for f in dataclasses.fields(cls):
         if f.name in skip:
@@ -168,7 +216,8 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, 
         flags, kind = [f"--{f.name}", *_HF_ALIASES.get(f.name, ())], str(f.type)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = None if required else (f.default_factory() if f.default is dataclasses.MISSING else f.default)
-        help_text = _HELP.get(f.name, "") + ("" if required or default in (None, []) else f" (default {default})")
+        help_text = {**_HELP, **(helps or {})}[f.name] + ("" if required or default in (None, [])
+                                                          else f" (default {default})")
         if kind == "bool":
             parser.add_argument(*flags, action=_Switch, default=default, help=help_text)
         elif kind.startswith("list"):
@@ -374,13 +423,15 @@ def _add_setup_commands(commands) -> None:
     tokenizer_commands = tokenizer.add_subparsers(dest="tokenizer_command", required=True)
     train = tokenizer_commands.add_parser("train", help="train a BERT WordPiece tokenizer")
     train.add_argument("files", nargs="+", help="text, .jsonl or .gz files, or globs")
-    train.add_argument("--vocab_size", type=int, default=30522)
-    train.add_argument("--output_dir", required=True)
+    train.add_argument("--vocab_size", type=int, default=30522, help="pieces in the vocabulary (default 30522)")
+    train.add_argument("--output_dir", required=True, help="the tokenizer directory to write (transformers' layout)")
     train.add_argument("--lowercase", action=_Switch, default=True,
                        help="lowercase and strip accents (uncased); --no_lowercase keeps case")
-    train.add_argument("--min_frequency", type=int, default=2)
+    train.add_argument("--min_frequency", type=int, default=2,
+                       help="a piece must occur this often to enter the vocabulary (default 2)")
     train.add_argument("--text_field", default="text", help="the field holding the text in .jsonl files")
-    train.add_argument("--model_max_length", type=int, default=512)
+    train.add_argument("--model_max_length", type=int, default=512,
+                       help="the longest input the tokenizer declares, in tokens (default 512)")
     train.set_defaults(run=_run_tokenizer_train)
 
 
@@ -392,15 +443,17 @@ def _add_training_commands(commands) -> None:
     pretrain.set_defaults(run=_run_pretrain)
 
     finetune = commands.add_parser("finetune", help="fine-tune a head: classify, pair or tag")
-    finetune.add_argument("task", choices=FINETUNE_TASKS)
+    finetune.add_argument("task", choices=FINETUNE_TASKS, help="classify (a text -> a label), pair (two texts -> "
+                          "a label or score), tag (a label per word), embed (sentence vectors from pairs)")
     _add_model(finetune, "the encoder to fine-tune: ours, a transformers or a sentence-transformers directory")
-    _add_dataclass_flags(finetune, FinetuneArgs, skip=("task", "model"))
+    _add_dataclass_flags(finetune, FinetuneArgs, skip=("task", "model"), helps=_FINETUNE_HELP)
     finetune.set_defaults(run=_run_finetune)
 
 
 def _add_inference_commands(commands) -> None:
     predict = commands.add_parser("predict", help="predictions of a fine-tuned model")
-    predict.add_argument("task", choices=PREDICT_TASKS)
+    predict.add_argument("task", choices=PREDICT_TASKS, help="classify (labels of each text), tag (entities), "
+                         "rerank (the query's relevance to each document)")
     _add_model(predict, "a fine-tuned model directory")
     predict.add_argument("texts", nargs="+", help="texts (rerank: the query, then the documents)")
     predict.add_argument("--top_k", type=int, default=1, help="classify: how many labels to return")
@@ -412,10 +465,11 @@ def _add_inference_commands(commands) -> None:
     _add_model(embed, "a sentence-transformers or HF encoder directory")
     embed.add_argument("--input", required=True, help="UTF-8 text, one sentence per line")
     embed.add_argument("--output", required=True, help="where the (N, H) float32 .npy goes")
-    embed.add_argument("--batch_size", type=int, default=32)
+    embed.add_argument("--batch_size", type=int, default=32, help="sentences per forward pass (default 32)")
     embed.add_argument("--normalize", action=_Switch, default=None,
                        help="L2-normalise (default: as the model directory says)")
-    embed.add_argument("--max_seq_length", type=int, default=None)
+    embed.add_argument("--max_seq_length", type=int, default=None,
+                       help="tokens per window (default: the directory's max_seq_length)")
     _add_truncation(embed, "max_seq_length")
     _add_inference_precision(embed)
     embed.set_defaults(run=_run_embed)
@@ -423,7 +477,7 @@ def _add_inference_commands(commands) -> None:
     fill = commands.add_parser("fill-mask", help="top-k fillers for each [MASK] in the text(s)")
     _add_model(fill, "a masked-LM directory")
     fill.add_argument("texts", nargs="+", help="text(s) with at least one [MASK]")
-    fill.add_argument("--top_k", type=int, default=5)
+    fill.add_argument("--top_k", type=int, default=5, help="candidates per [MASK] (default 5)")
     fill.add_argument("--json", action="store_true", help="print the transformers pipeline's JSON shape")
     _add_inference_precision(fill)
     fill.set_defaults(run=_run_fill_mask)
@@ -433,29 +487,43 @@ def _add_eval_mlm(eval_commands) -> None:
     mlm = eval_commands.add_parser("mlm", help="masked-LM loss, accuracy and perplexity on a text file")
     _add_model(mlm, "a masked-LM directory")
     mlm.add_argument("--file", required=True, action="extend", nargs="+", help="text files or globs")
-    mlm.add_argument("--max_seq_length", type=int, default=128)
-    mlm.add_argument("--mlm_probability", type=_probability, default=0.15)
-    mlm.add_argument("--batch_size", type=int, default=64)
-    mlm.add_argument("--max_samples", type=int, default=None)
-    mlm.add_argument("--text_field", default="text")
+    mlm.add_argument("--max_seq_length", type=int, default=128, help="tokens per packed sequence (default 128)")
+    mlm.add_argument("--mlm_probability", type=_probability, default=0.15,
+                     help="share of the tokens masked (default 0.15)")
+    mlm.add_argument("--batch_size", type=int, default=64, help="sequences per forward pass (default 64)")
+    mlm.add_argument("--max_samples", type=int, default=None, help="evaluate at most this many sequences")
+    mlm.add_argument("--text_field", default="text", help="the field of the text in JSONL files (default text)")
     mlm.add_argument("--seed", type=int, default=0, help="masking seed (fixed: comparable across models)")
-    mlm.add_argument("--json", action="store_true")
+    mlm.add_argument("--json", action="store_true", help=_JSON_HELP)
     mlm.set_defaults(run=_run_eval_mlm)
 
 
 def _add_eval_labelled(eval_commands) -> None:
+    formats = {"classify": "CSV / TSV with a header, or JSONL: a text and a label per row",
+               "pair": "CSV / TSV with a header, or JSONL: two texts and a label or score per row",
+               "tag": "CoNLL: a token and its tag per line (the tag in the last column), blank lines between "
+                      "sentences"}
     for task in LABELLED_TASKS:
-        sub = eval_commands.add_parser(task, help=f"metrics of a fine-tuned {task} model on a labelled file")
+        sub = eval_commands.add_parser(task, help=f"metrics of a fine-tuned {task} model on a labelled file",
+                                       description=f"Metrics of a fine-tuned {task} model on a labelled file.")
         _add_model(sub, f"a fine-tuned {task} model directory")
-        sub.add_argument("--file", required=True)
-        sub.add_argument("--text_column", default="sentence" if task == "classify" else "sentence1")
-        sub.add_argument("--text_pair_column", default="sentence2" if task == "pair" else None)
-        sub.add_argument("--label_column", default="label")
-        sub.add_argument("--label_scale", type=float, default=1.0)
-        sub.add_argument("--max_seq_length", type=int, default=128)
-        sub.add_argument("--batch_size", type=int, default=64)
-        sub.add_argument("--json", action="store_true")
-        sub.set_defaults(run=_run_eval_task, task=task)
+        sub.add_argument("--file", required=True, help=f"the labelled file: {formats[task]}")
+        sub.set_defaults(run=_run_eval_task, task=task, text_column="sentence", text_pair_column=None,
+                         label_column="label", label_scale=1.0)
+        if task != "tag":
+            sub.add_argument("--text_column", default="sentence" if task == "classify" else "sentence1",
+                             help="the column of the (first) text (default %(default)s)")
+            sub.add_argument("--label_column", default="label", help="the column of the label (default label)")
+        if task == "pair":
+            sub.add_argument("--text_pair_column", default="sentence2",
+                             help="the column of the second text (default sentence2)")
+            sub.add_argument("--label_scale", type=float, default=1.0,
+                             help="a regression model's scores are compared with the labels divided by this "
+                                  "(STS-B: 5; default 1)")
+        sub.add_argument("--max_seq_length", type=int, default=128,
+                         help="tokens per input; longer ones are truncated (default 128)")
+        sub.add_argument("--batch_size", type=int, default=64, help="inputs per forward pass (default 64)")
+        sub.add_argument("--json", action="store_true", help=_JSON_HELP)
 
 
 def _add_eval_embeddings(eval_commands) -> None:
@@ -465,8 +533,8 @@ def _add_eval_embeddings(eval_commands) -> None:
     sts.add_argument("--sentence1_column", default=None, help="(other formats) column of the first sentence")
     sts.add_argument("--sentence2_column", default=None, help="column of the second sentence (default sentence2)")
     sts.add_argument("--score_column", default=None, help="column of the gold score (default score)")
-    sts.add_argument("--batch_size", type=int, default=64)
-    sts.add_argument("--json", action="store_true")
+    sts.add_argument("--batch_size", type=int, default=64, help="sentences per forward pass (default 64)")
+    sts.add_argument("--json", action="store_true", help=_JSON_HELP)
     _add_inference_precision(sts)
     sts.set_defaults(run=_run_eval_sts)
     retrieval = eval_commands.add_parser("retrieval", help="BEIR-style retrieval: nDCG@10, recall@100, MRR@10")
@@ -474,8 +542,8 @@ def _add_eval_embeddings(eval_commands) -> None:
     retrieval.add_argument("--corpus", required=True, help="corpus.jsonl (_id, title, text)")
     retrieval.add_argument("--queries", required=True, help="queries.jsonl (_id, text)")
     retrieval.add_argument("--qrels", required=True, help="qrels TSV (query-id, corpus-id, score)")
-    retrieval.add_argument("--batch_size", type=int, default=64)
-    retrieval.add_argument("--json", action="store_true")
+    retrieval.add_argument("--batch_size", type=int, default=64, help="texts per forward pass (default 64)")
+    retrieval.add_argument("--json", action="store_true", help=_JSON_HELP)
     _add_truncation(retrieval, "the model's max_seq_length")
     _add_inference_precision(retrieval)
     retrieval.set_defaults(run=_run_eval_retrieval)
@@ -488,9 +556,10 @@ def _add_serve_command(commands) -> None:
     _add_model(serve, "a model directory: encoder / sentence-transformers (embed), ...ForSequenceClassification "
                       "(predict, rerank), ...ForMaskedLM (fill-mask), ...ForTokenClassification (tag)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--port", type=int, default=8080, help="the TCP port to listen on (default 8080)")
     _add_dataclass_flags(serve, ServeOptions)
-    serve.add_argument("--log_level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("--log_level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                       help="uvicorn's log level (default info)")
     serve.set_defaults(run=_run_serve)
 
 
