@@ -60,8 +60,15 @@ def test_sts_formats(tmp_path):
     jsonl = tmp_path / "pairs.jsonl"
     jsonl.write_text(json.dumps({"s1": "a", "s2": "b", "label": 1}) + "\n")
     assert read_sts(jsonl, "s1", "s2", "label")[0] == ["a"]
-    with pytest.raises(DataError, match="has no column 'wrong'"):
+    with pytest.raises(DataError, match="no column 'wrong' \\(columns: s1, s2, label\\)"):
         read_sts(jsonl, "s1", "s2", "wrong")
+    csv = tmp_path / "pairs.csv"  # comma-separated, quoted as CSV writers quote
+    csv.write_text('a,b,gold\n"A man, at home.",A man.,4.5\n')
+    assert read_sts(csv, "a", "b", "gold") == (["A man, at home."], ["A man."], pytest.approx([4.5]))
+    misnamed = tmp_path / "pairs-tabs.csv"
+    misnamed.write_text("a\tb\tgold\nx\ty\t1\n")
+    with pytest.raises(DataError, match="read as comma-separated \\(by its name\\), but its header is one column"):
+        read_sts(misnamed, "a", "b", "gold")
     bad = tmp_path / "bad.csv"
     bad.write_text("only\tthree\tfields\n")
     with pytest.raises(DataError, match="bad.csv:1: expected 7 tab-separated fields"):

@@ -22,19 +22,35 @@ from unmask.errors import DataError
 
 
 def read_table(path: str | Path) -> list[dict[str, str]]:
-    """Rows of a TSV / CSV (with a header) or JSONL file, as dicts of column -> value."""
+    """Rows of a CSV / TSV (with a header) or JSONL file, as dicts of column -> value. The delimiter is the
+    extension's (.csv comma, .tsv tab); other names are read as TSV, or CSV when the header has commas only."""
     path = Path(path)
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     if name.endswith((".jsonl", ".json")):
         rows = _read_jsonl(path)
     else:
-        delimiter = "," if name.endswith(".csv") else "\t"
+        lines = _read_lines(path)
+        delimiter = _delimiter(name, lines[0])
         # QUOTE_NONE for TSV: SST-2 sentences contain bare quotes
         quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
-        rows = list(csv.DictReader(_read_lines(path), delimiter=delimiter, quoting=quoting))
+        rows = list(csv.DictReader(lines, delimiter=delimiter, quoting=quoting))
+        header = list(rows[0]) if rows else lines[0].split(delimiter)
+        other = "\t" if delimiter == "," else ","
+        if len(header) == 1 and other in header[0]:
+            kind = "comma" if delimiter == "," else "tab"
+            raise DataError(f"{path}: read as {kind}-separated (by its name), but its header is one column "
+                            f"{header[0][:80]!r}; name it .{'tsv' if delimiter == ',' else 'csv'} or convert it")
     if not rows:
         raise DataError(f"{path}: no examples")
     return rows
+
+
+def _delimiter(name: str, header: str) -> str:
+    if name.endswith(".csv"):
+        return ","
+    if name.endswith(".tsv"):
+        return "\t"
+    return "," if "," in header and "\t" not in header else "\t"
 
 
 def column(rows: list[dict], name: str, path) -> list:
@@ -62,6 +78,9 @@ def read_conll(path: str | Path) -> tuple[list[list[str]], list[list[str]]]:
             continue
         if len(parts) < 2:
             raise DataError(f"{path}:{n}: expected a token and a tag, got {line!r}")
+        if "\t" in line and any(" " in field.strip() for field in line.split("\t")):
+            raise DataError(f"{path}:{n}: a field of several words ({line[:60]!r}): a CoNLL file has one token per "
+                            "line, its tag in the last column (a table of sentences is for finetune classify)")
         words.append(parts[0])
         labels.append(parts[-1])
     if words:
@@ -98,25 +117,14 @@ def read_sts(path: str | Path, sentence1_column: str | None = None, sentence2_co
             first.append(parts[5])
             second.append(parts[6])
         return first, second, np.asarray(scores)
-    columns = (sentence1_column, sentence2_column or "sentence2", score_column or "score")
-    if path.name.endswith((".jsonl", ".json")):
-        records = []
-        for n, line in enumerate(lines, start=1):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not JSON ({e.msg})") from e
-    else:
-        header = lines[0].split("\t")
-        records = [dict(zip(header, line.split("\t"))) for line in lines[1:]]
-    for n, record in enumerate(records, start=1):
-        missing = [c for c in columns if c not in record]
-        if missing:
-            raise DataError(f"{path}: record {n} has no column {missing[0]!r} (found {sorted(record)})")
-        first.append(str(record[columns[0]]))
-        second.append(str(record[columns[1]]))
-        scores.append(float(record[columns[2]]))
-    return first, second, np.asarray(scores)
+    rows = read_table(path)  # CSV, TSV or JSONL, as finetune reads them
+    first, second = (column(rows, name, path) for name in (sentence1_column, sentence2_column or "sentence2"))
+    for n, value in enumerate(column(rows, score_column or "score", path), start=1):
+        try:
+            scores.append(float(value))
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{path}: row {n}: score {value!r} is not a number") from e
+    return [str(t) for t in first], [str(t) for t in second], np.asarray(scores)
 
 
 def _read_jsonl(path: Path) -> list[dict]:

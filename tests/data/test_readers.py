@@ -1,0 +1,30 @@
+"""The readers refuse what is not their format, and say which format they expected."""
+
+from __future__ import annotations
+
+import pytest
+
+from unmask.data.readers import read_conll, read_table
+from unmask.errors import DataError
+
+SST2_LIKE = "sentence\tlabel\nhide new secretions from the parental units \t0\ncontains no wit , only labored gags \t0\n"
+
+
+def test_conll_refuses_a_table_of_sentences(tmp_path):
+    table = tmp_path / "train.tsv"  # SST-2's layout: the header would become a token, the labels tags
+    table.write_text(SST2_LIKE)
+    with pytest.raises(DataError, match=r"train.tsv:2: a field of several words .* one token per line"):
+        read_conll(table)
+    conll = tmp_path / "train.conll"
+    conll.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\nPeter\tB-PER\n")
+    assert read_conll(conll) == ([["EU", "rejects"], ["Peter"]], [["B-ORG", "O"], ["B-PER"]])
+
+
+def test_a_table_is_read_by_its_delimiter_and_a_wrong_one_is_named(tmp_path):
+    for name, text in (("a.tsv", "x\ty\n1\t2\n"), ("a.csv", "x,y\n1,2\n"), ("a.txt", "x,y\n1,2\n")):
+        (tmp_path / name).write_text(text)
+        assert read_table(tmp_path / name) == [{"x": "1", "y": "2"}], name
+    (tmp_path / "b.tsv").write_text("x,y\n1,2\n")
+    with pytest.raises(DataError, match=r"b.tsv: read as tab-separated \(by its name\), but its header is one column "
+                                        r"'x,y'; name it .csv"):
+        read_table(tmp_path / "b.tsv")
