@@ -7,7 +7,8 @@ import pytest
 from unmask.data.readers import read_conll, read_table
 from unmask.errors import DataError
 
-SST2_LIKE = "sentence\tlabel\nhide new secretions from the parental units \t0\ncontains no wit , only labored gags \t0\n"
+SST2_LIKE = ("sentence\tlabel\nhide new secretions from the parental units \t0\n"
+             "contains no wit , only labored gags \t0\n")
 
 
 def test_conll_refuses_a_table_of_sentences(tmp_path):
