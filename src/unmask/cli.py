@@ -257,7 +257,7 @@ def _run_eval_task(args) -> None:
                           label_column=args.label_column, regression=regression, label_scale=args.label_scale,
                           max_seq_length=args.max_seq_length)
     data, _ = load_task_data(spec, tokenizer, args.file, None if regression else model.config.label2id)
-    result = evaluate_task(args.task, model, data, tokenizer.pad_token_id, args.batch_size)
+    result = evaluate_task(args.task, model, data, tokenizer.pad_token_id, args.batch_size, show_progress=True)
     print(json.dumps(result) if args.json else "  ".join(f"{k} {v:.4f}" for k, v in result.items()
                                                           if isinstance(v, float)))
 

@@ -19,12 +19,12 @@ from unmask.pipelines.batching import check_texts, run_batches
 
 
 def logits_of(model, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]] | None,
-              pad_token_id: int, batch_size: int = 64) -> np.ndarray:
+              pad_token_id: int, batch_size: int = 64, show_progress: bool = False) -> np.ndarray:
     """(N, num_labels) float32 logits of sequences that fit the context, in input order."""
     def forward(ids, attention_mask, types):
         return model(ids, attention_mask, types).logits.float().cpu().numpy()
 
-    return np.stack(run_batches(model, input_ids, forward, pad_token_id, batch_size, token_type_ids))
+    return np.stack(run_batches(model, input_ids, forward, pad_token_id, batch_size, token_type_ids, show_progress))
 
 
 def window_logits(model, encodings: Sequence[Encoding], pad_token_id: int, truncation: str = "chunk",

@@ -17,14 +17,15 @@ from unmask.metrics import entities
 from unmask.pipelines.batching import check_texts, run_batches
 
 
-def predict_tags(model, data: TaggingData, pad_token_id: int, batch_size: int = 64) -> list[list[str]]:
+def predict_tags(model, data: TaggingData, pad_token_id: int, batch_size: int = 64,
+                 show_progress: bool = False) -> list[list[str]]:
     """Tags per word of aligned sentences (a word cut off by max_length is tagged O)."""
     id2label = model.config.id2label
 
     def forward(input_ids, attention_mask, token_type_ids):
         return model(input_ids, attention_mask).logits.argmax(-1).cpu().tolist()  # (B, T)
 
-    best = run_batches(model, data.input_ids, forward, pad_token_id, batch_size)
+    best = run_batches(model, data.input_ids, forward, pad_token_id, batch_size, show_progress=show_progress)
     return [[id2label[sentence[p]] if p >= 0 else "O" for p in first]
             for sentence, first in zip(best, data.first_piece)]
 

@@ -124,9 +124,10 @@ def evaluate_retrieval(encoder, corpus, queries, qrels, batch_size: int = 64, tr
     return retrieval_metrics(ranked, query_ids, relevance)
 
 
-def evaluate_classification(model, data: ClassificationData, pad_token_id: int, batch_size: int = 64) -> dict:
+def evaluate_classification(model, data: ClassificationData, pad_token_id: int, batch_size: int = 64,
+                            show_progress: bool = False) -> dict:
     """Accuracy and macro-F1, or for a one-label (regression) model Spearman, Pearson and MSE."""
-    logits = logits_of(model, data.input_ids, data.token_type_ids, pad_token_id, batch_size)
+    logits = logits_of(model, data.input_ids, data.token_type_ids, pad_token_id, batch_size, show_progress)
     gold = np.asarray(data.labels)
     if model.config.num_labels == 1:  # regression
         scores = logits[:, 0]
@@ -137,9 +138,10 @@ def evaluate_classification(model, data: ClassificationData, pad_token_id: int, 
             "macro_f1": macro_f1(gold, predicted, model.config.num_labels), "examples": len(gold)}
 
 
-def evaluate_tagging(model, data: TaggingData, pad_token_id: int, batch_size: int = 64) -> dict:
+def evaluate_tagging(model, data: TaggingData, pad_token_id: int, batch_size: int = 64,
+                     show_progress: bool = False) -> dict:
     """Entity precision / recall / F1 (and per type), word accuracy."""
-    predicted = predict_tags(model, data, pad_token_id, batch_size)
+    predicted = predict_tags(model, data, pad_token_id, batch_size, show_progress)
     scores = entity_scores(data.tags, predicted)
     words = sum(len(t) for t in data.tags)
     correct = sum(g == p for gs, ps in zip(data.tags, predicted) for g, p in zip(gs, ps))
@@ -147,8 +149,9 @@ def evaluate_tagging(model, data: TaggingData, pad_token_id: int, batch_size: in
             "word_accuracy": correct / words, "sentences": len(data), "per_type": scores["per_type"]}
 
 
-def evaluate_task(task: str, model, data, pad_token_id: int, batch_size: int = 64) -> dict:
+def evaluate_task(task: str, model, data, pad_token_id: int, batch_size: int = 64,
+                  show_progress: bool = False) -> dict:
     """The metrics of a fine-tuned `classify`, `pair` or `tag` model on its labelled data."""
     if task == "tag":
-        return evaluate_tagging(model, data, pad_token_id, batch_size)
-    return evaluate_classification(model, data, pad_token_id, batch_size)
+        return evaluate_tagging(model, data, pad_token_id, batch_size, show_progress)
+    return evaluate_classification(model, data, pad_token_id, batch_size, show_progress)

@@ -111,7 +111,8 @@ def _head_setup(args: FinetuneArgs, tokenizer):
         return model, train, None
 
     def evaluate() -> dict:
-        result = evaluate_task(args.task, model, valid, tokenizer.pad_token_id, args.per_device_eval_batch_size)
+        result = evaluate_task(args.task, model, valid, tokenizer.pad_token_id, args.per_device_eval_batch_size,
+                               show_progress=args.show_progress)
         result.pop("per_type", None)
         return result
 
