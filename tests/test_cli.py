@@ -143,3 +143,76 @@ def test_every_flag_of_every_command_has_help():
 
     walk(build_parser(), "unmask")
     assert not missing
+
+
+def _mistakes(root, dirs) -> dict[str, tuple[list, str]]:
+    """Newcomer mistakes: the command line, and what its one-line error must say (the file, and the fix)."""
+    (root / "empty.txt").write_text("")
+    (root / "sst2.tsv").write_text("sentence\tlabel\nhide new secretions \t0\nit is good \t1\n")
+    (root / "scores.tsv").write_text("sentence\tscore\nhide new secretions \t0\n")
+    (root / "latin.txt").write_bytes(b"caf\xe9\n")
+    (root / "not-a-model").mkdir()
+    (root / "sts.tsv").write_text("a\tb\tgold\nx\ty\t1\n")
+    (root / "sts-tabs.csv").write_text("a\tb\tgold\nx\ty\t1\n")
+    (root / "used").mkdir()
+    (root / "used" / "metrics.jsonl").write_text("{}\n")
+    text, encoder, classifier, mlm = root / "sst2.tsv", dirs["embed"], dirs["classify"], dirs["fill-mask"]
+    pretrain = ["pretrain", "--train_file", text, "--output_dir", root / "run"]
+    embed = ["embed", encoder, "--input", text, "--output", root / "v.npy"]
+    return {
+        "a model directory that is not there": (["predict", "classify", root / "nope", "a"], "nope: model directory "
+                                                                                               "not found"),
+        "a directory without config.json": (embed[:1] + [root / "not-a-model"] + embed[2:], "config.json: missing"),
+        "serving a directory that is not a model": (["serve", root / "not-a-model"], "not a model directory"),
+        "classify with a masked-LM": (["predict", "classify", mlm, "a"], "needs a sequence classifier"),
+        "tag with a sentence classifier": (["predict", "tag", classifier, "a"], "needs a token classifier"),
+        "rerank with an encoder": (["predict", "rerank", encoder, "q", "d"], "that directory fits: unmask embed"),
+        "fill-mask without an MLM head": (["fill-mask", encoder, "a [MASK]"], "needs a masked-LM"),
+        "eval mlm without an MLM head": (["eval", "mlm", encoder, "--file", text], "needs a masked-LM"),
+        "an empty training file": (pretrain[:2] + [root / "empty.txt"] + pretrain[3:], "empty.txt: no text"),
+        "an empty labelled file": (["finetune", "classify", encoder, "--train_file", root / "empty.txt",
+                                    "--output_dir", root / "ft"], "empty.txt: no examples"),
+        "a missing label column": (["finetune", "classify", encoder, "--train_file", root / "scores.tsv",
+                                    "--output_dir", root / "ft"], "no column 'label' (columns: sentence, score)"),
+        "a sentence table given to the tagger": (["finetune", "tag", encoder, "--train_file", text, "--output_dir",
+                                                  root / "ft"], "a CoNLL file has one token per line"),
+        "a TSV named .csv": (["eval", "sts", encoder, "--file", root / "sts-tabs.csv", "--sentence1_column", "a"],
+                             "read as comma-separated (by its name)"),
+        "an STS column that is not there": (["eval", "sts", encoder, "--file", root / "sts.tsv",
+                                             "--sentence1_column", "a"], "no column 'sentence2' (columns: a, b, gold)"),
+        "a preset and a checkpoint": (pretrain + ["--model_config", "bert-tiny", "--model_name_or_path", mlm],
+                                      "--model_config and --model_name_or_path exclude each other"),
+        "an output directory in use": (pretrain[:4] + [root / "used"], "pass --overwrite_output_dir"),
+        "sequences longer than the model's context": (pretrain + ["--model_name_or_path", mlm, "--max_seq_length",
+                                                                  "4096"], "exceeds the model's"),
+        "resuming with no checkpoint": (pretrain + ["--resume_from_checkpoint", "latest"], "no complete checkpoint"),
+        "--skip_bad_files without --streaming": (pretrain + ["--skip_bad_files"], "applies to --streaming"),
+        "a typo'd flag": (pretrain + ["--learnig_rate", "1e-4"], "did you mean --learning_rate"),
+        "a typo'd scheduler": (pretrain + ["--lr_scheduler_type", "cosin"], "--lr_scheduler_type must be one of"),
+        "a negative learning rate": (pretrain + ["--learning_rate", "-1"], "--learning_rate cannot be negative"),
+        "an input file that is not there": (embed[:3] + [root / "nope.txt"] + embed[4:], "nope.txt: no such file"),
+        "a Latin-1 input file": (embed[:3] + [root / "latin.txt"] + embed[4:], "not valid UTF-8"),
+        "a glob that matches nothing": (["tokenizer", "train", root / "nothing*.txt", "--output_dir", root / "tok"],
+                                        "no file matches this pattern"),
+        "a training file given twice": (["finetune", "classify", encoder, "--train_file", text, "--train_file", text,
+                                         "--output_dir", root / "ft"], "--train_file is given twice"),
+        "the model given twice": (["eval", "sts", encoder, "--model", encoder, "--file", text], "given twice"),
+        "int8 and bf16 at once": (embed + ["--int8", "--bf16"], "not allowed with argument --int8"),
+        "a port that is not a number": (["serve", encoder, "--port", "http"], "invalid int value: 'http'"),
+    }
+
+
+def test_newcomer_mistakes_get_one_line_that_names_the_fix(tmp_path, model_dirs, capsys):
+    """Each mistake: exit code 2, no traceback, and a last line that names what is wrong and where."""
+    from unmask.cli import main
+
+    mistakes = _mistakes(tmp_path, model_dirs)
+    assert len(mistakes) >= 25
+    for name, (argv, says) in mistakes.items():
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:  # argparse's own errors
+            code = e.code
+        err = capsys.readouterr().err.strip()
+        assert code == 2, (name, err)
+        assert "Traceback" not in err and says in err.splitlines()[-1], (name, err)

@@ -99,7 +99,7 @@ def test_clear_errors(tmp_path):
         Tokenizer.from_pretrained(tmp_path)
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    with pytest.raises(DataError, match="no text found"):
+    with pytest.raises(DataError, match="no text to train a tokenizer on"):
         train_tokenizer([empty], vocab_size=100, show_progress=False)
     with pytest.raises(ValueError, match="vocab_size"):
         train_tokenizer([empty], vocab_size=3, show_progress=False)

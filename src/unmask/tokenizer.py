@@ -203,7 +203,8 @@ def train_wordpiece(files: Sequence[str | Path], vocab_size: int, like: BackendT
     backend.normalizer, backend.pre_tokenizer = like.normalizer, like.pre_tokenizer
     pieces = _continuing_pieces(iter_lines(files, text_field), backend)
     if not pieces:
-        raise DataError(f"no text found in {[str(f) for f in files]}")
+        raise DataError(f"{', '.join(map(str, files))}: no text to train a tokenizer on (empty, or blank "
+                        "lines only)")
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                         special_tokens=[*SPECIAL_TOKENS, *pieces], continuing_subword_prefix="##",
                                         show_progress=show_progress)

@@ -136,7 +136,8 @@ def build_token_cache(patterns, tokenizer, cache_root: str | Path, text_field: s
             cache.end_document()
     if cache.tokens == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise DataError(f"no text found in {[str(f) for f in files]}")
+        raise DataError(f"{', '.join(map(str, files))}: no text (empty, or blank lines only); give --train_file "
+                        "files that hold text")
     meta = {"files": [str(f) for f in files], "tokens": cache.tokens, "documents": cache.documents,
             "dtype": np.dtype(dtype).name}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
