@@ -29,7 +29,7 @@ class _Switch(argparse.Action):
 
 
 class _Once(argparse._StoreAction):
-    """A flag that takes one value: given twice, an error (argparse would keep the last and drop the first)."""
+    """A file flag that takes one file: given twice, an error (argparse would keep the last and drop the first)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         if self.dest in getattr(namespace, "_given", set()):
@@ -97,7 +97,10 @@ _HELP = {
     "adam_beta2": "AdamW's second-moment decay",
     "adam_epsilon": "AdamW's epsilon",
     "max_grad_norm": "clip the gradients' global norm to this",
-    "max_steps": "optimizer steps to train",
+    "max_steps": "optimizer steps to train (pretrain: default 1000, exclusive with --num_train_epochs)",
+    "num_train_epochs": "passes over the training data (pretrain: over the token cache's sequences; sets the "
+                        "steps, so not with --max_steps or --streaming)",
+    "max_train_samples": "train on the first N packed sequences of the token cache (not with --streaming)",
     "warmup_steps": "steps of linear warmup from 0 to --learning_rate",
     "logging_steps": "write a metrics line (loss, learning rate, tokens/s) every this many steps",
     "eval_steps": "evaluate on --validation_file every this many steps (default: once, at the end)",
@@ -116,7 +119,6 @@ _HELP = {
     "label_column": "the column of the label (or score)",
     "regression": "classify / pair: predict a number (one output, mean squared error) instead of a label",
     "label_scale": "regression: targets are divided by this (STS-B's 0-5 scores: 5)",
-    "num_train_epochs": "passes over the training data (when --max_steps is 0)",
     "warmup_ratio": "share of the steps spent warming up (when --warmup_steps is 0)",
     "early_stopping_patience": "stop after this many evaluations without a better --validation_file metric "
                                "(default: train to the end; the best evaluated model is exported either way)",
@@ -200,6 +202,7 @@ _FINETUNE_HELP = {
     "validation_file": "held-out data of the same format (embed: an STS file), evaluated after each epoch; the "
                        "best epoch is the exported model",
     "max_steps": "optimizer steps to train (0: --num_train_epochs over the training data)",
+    "num_train_epochs": "passes over the training data (when --max_steps is 0)",
     "warmup_steps": "steps of linear warmup (0: --warmup_ratio of the steps)",
 }
 
@@ -225,8 +228,9 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, 
         else:
             base = kind.split("|")[0].strip()
             convert = {"int": int, "float": float}.get(base, str)
+            # a second data file would silently replace the first (other flags: the last wins, as in argparse)
             parser.add_argument(*flags, type=convert, required=required, default=default, help=help_text,
-                                action=_Once)
+                                action=_Once if f.name.endswith("_file") else "store")
 
 
 def _args_of(cls, args):

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import kill_when_saved
-from unmask.errors import TrainingError
+from unmask.errors import TrainingError, UsageError
 from unmask.train.pretrain import PretrainArgs, pretrain
 
 TINY_CONFIG = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -192,3 +192,16 @@ def test_modernbert_pretrains_and_loads_in_transformers(setup):
     assert rows[-1]["loss"] < rows[0]["loss"] - 0.5 and result["eval_accuracy"] > 0.05
     hf = transformers.AutoModelForMaskedLM.from_pretrained(str(out)).eval()
     assert type(hf).__name__ == "ModernBertForMaskedLM" and hf.config.pad_token_id == 0
+
+
+def test_num_train_epochs_and_max_train_samples_as_transformers_reads_them(setup):
+    """2 epochs over the first 24 packed sequences at 8 a step: 6 steps, and those 24 sequences only."""
+    out = setup["root"] / "epochs"
+    result = pretrain(args_for(setup, out, max_steps=None, num_train_epochs=2, max_train_samples=24, warmup_steps=1,
+                               validation_file=[]))
+    assert result["step"] == 6
+    assert json.loads((out / "pretrain_args.json").read_text())["max_steps"] == 6
+    with pytest.raises(UsageError, match="--num_train_epochs \\(above 0\\) and --max_steps exclude each other"):
+        args_for(setup, out, num_train_epochs=1)
+    with pytest.raises(UsageError, match="a stream has no length"):
+        args_for(setup, out, max_steps=None, num_train_epochs=1, streaming=True)

@@ -84,6 +84,9 @@ class PretrainArgs(TrainingArgs):
     whole_word_mask: bool = False
     cross_documents: bool = False
     max_eval_samples: int | None = None
+    max_steps: int | None = None  # default 1000, or what --num_train_epochs makes it
+    num_train_epochs: float | None = None  # passes over the token cache's sequences; sets max_steps
+    max_train_samples: int | None = None  # train on the first N packed sequences of the cache
     text_field: str = "text"
     cache_dir: str | None = None
     streaming: bool = False  # read, tokenize and pack the training files while training, instead of a token cache
@@ -92,6 +95,16 @@ class PretrainArgs(TrainingArgs):
     skip_bad_files: bool = False  # streaming: drop the rest of a file that cannot be read, count it and go on
 
     def __post_init__(self):
+        if self.num_train_epochs is not None or self.max_train_samples is not None:
+            if self.streaming:
+                raise UsageError("--num_train_epochs and --max_train_samples count the token cache's sequences; a "
+                                 "stream has no length: give --max_steps with --streaming")
+            if self.num_train_epochs is not None and (self.max_steps is not None or self.num_train_epochs <= 0):
+                raise UsageError("--num_train_epochs (above 0) and --max_steps exclude each other: give one")
+            if self.max_train_samples is not None and self.max_train_samples < 1:
+                raise UsageError(f"--max_train_samples must be at least 1, got {self.max_train_samples}")
+        if self.max_steps is None:  # pretrain sets it from the corpus when --num_train_epochs is given
+            self.max_steps = 1 if self.num_train_epochs is not None else 1000
         super().__post_init__()
         if self.model_config and self.model_name_or_path:
             raise UsageError("--model_config and --model_name_or_path exclude each other: give a preset or config "

@@ -11,6 +11,7 @@ steps in `train.loop`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from dataclasses import asdict
@@ -136,7 +137,11 @@ def training_data(tokenizer, args: PretrainArgs, dist: Distributed):
     (`--streaming`, data/streaming.py): this rank's stream, whose position the checkpoints keep."""
     if not args.streaming:
         data = packed(args.train_file, tokenizer, args, dist, args.cross_documents)
-        order = SampleOrder(len(data), args.seed)
+        count = min(len(data), args.max_train_samples or len(data))  # the first N sequences, as run_mlm.py takes
+        if args.num_train_epochs is not None:  # transformers' way to say how long: passes over the data
+            global_batch = args.per_device_train_batch_size * dist.world_size * args.gradient_accumulation_steps
+            args.max_steps = max(1, math.ceil(args.num_train_epochs * count / global_batch))
+        order = SampleOrder(count, args.seed)
         return (lambda step, count: [data[i] for i in order.take(step * count, count)]), None
     if args.dataloader_num_workers:
         # `tokenizers` turns its thread pool off in forked workers, and warns unless told: tell it
