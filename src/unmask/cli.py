@@ -204,6 +204,8 @@ _FINETUNE_HELP = {
     "max_steps": "optimizer steps to train (0: --num_train_epochs over the training data)",
     "num_train_epochs": "passes over the training data (when --max_steps is 0)",
     "warmup_steps": "steps of linear warmup (0: --warmup_ratio of the steps)",
+    "max_train_samples": "train on the first N examples of --train_file (default: all)",
+    "max_eval_samples": "evaluate on the first N examples of --validation_file (default: all)",
 }
 
 
@@ -533,7 +535,7 @@ def _add_eval_labelled(eval_commands) -> None:
 def _add_eval_embeddings(eval_commands) -> None:
     sts = eval_commands.add_parser("sts", help="Spearman / Pearson of embedding cosine against gold scores")
     _add_model(sts, "a sentence-transformers or HF encoder directory")
-    sts.add_argument("--file", required=True, help="STS Benchmark file, or a TSV/JSONL with the column flags")
+    sts.add_argument("--file", required=True, help="the STS Benchmark release, or a CSV / TSV / JSONL file read with the column flags")
     sts.add_argument("--sentence1_column", default=None, help="(other formats) column of the first sentence")
     sts.add_argument("--sentence2_column", default=None, help="column of the second sentence (default sentence2)")
     sts.add_argument("--score_column", default=None, help="column of the gold score (default score)")

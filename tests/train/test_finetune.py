@@ -316,3 +316,13 @@ def test_embed_in_batch_negatives_on_unscored_pairs(tmp_path, encoder_dir):
     rows = [json.loads(line) for line in (tmp_path / "mnrl" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["loss"] < rows[0]["loss"] * 0.7, rows
     assert (tmp_path / "mnrl" / "modules.json").exists() and result["step"] == 26
+
+
+def test_max_train_and_eval_samples_take_the_first_examples(tmp_path, encoder_dir):
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(100, 0))
+    valid = write_tsv(tmp_path / "valid.tsv", sentiment_rows(50, 1))
+    result = finetune(FinetuneArgs(task="classify", model=str(encoder_dir), train_file=str(train),
+                                   validation_file=str(valid), output_dir=str(tmp_path / "few"), num_train_epochs=1,
+                                   per_device_train_batch_size=8, max_seq_length=32, max_train_samples=24,
+                                   max_eval_samples=7, show_progress=False))
+    assert result["step"] == 3 and result["eval_examples"] == 7  # 24 examples at 8 a step; 7 evaluated

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -261,3 +261,12 @@ def load_pairs(spec: LabelledFormat, tokenizer, path: str):
                 for e in tokenizer.encode_batch(texts)]
 
     return PairData(ids(first), ids(second), scores)
+
+
+def first_examples(data, n: int | None):
+    """The first `n` examples of a ClassificationData, TaggingData or PairData (every per-example list cut alike);
+    all of them when `n` is None (transformers' --max_train_samples / --max_eval_samples)."""
+    if n is None:
+        return data
+    return replace(data, **{f.name: getattr(data, f.name)[:n] for f in fields(data)
+                            if isinstance(getattr(data, f.name), list)})

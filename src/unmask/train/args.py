@@ -153,6 +153,8 @@ class FinetuneArgs(TrainingArgs):
     num_train_epochs: float = 3.0
     warmup_ratio: float = 0.1
     early_stopping_patience: int | None = None
+    max_train_samples: int | None = None  # the first N training examples
+    max_eval_samples: int | None = None  # the first N validation examples
     # fine-tuning defaults differ from pretraining's
     learning_rate: float = 5e-5
     adam_beta2: float = 0.999
@@ -168,4 +170,7 @@ class FinetuneArgs(TrainingArgs):
             raise UsageError("give --num_train_epochs or --max_steps")
         if not 0 <= self.warmup_ratio < 1:
             raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        for name in ("max_train_samples", "max_eval_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
         super().__post_init__()

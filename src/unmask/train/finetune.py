@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from unmask import models
-from unmask.data.labelled import LabelledFormat, load_pairs, load_task_data
+from unmask.data.labelled import LabelledFormat, first_examples, load_pairs, load_task_data
 from unmask.data.readers import is_sts_release, read_sts
 from unmask.errors import DataError
 from unmask.heads import TASK_HEADS
@@ -71,10 +71,10 @@ def labelled_format(args: FinetuneArgs) -> LabelledFormat:
 def _embed_setup(args: FinetuneArgs, tokenizer):
     """(bi-encoder to train, training pairs, evaluate) for the embed task; validation is an STS file."""
     encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length)
-    train = load_pairs(labelled_format(args), tokenizer, args.train_file)
+    train = first_examples(load_pairs(labelled_format(args), tokenizer, args.train_file), args.max_train_samples)
     if not args.validation_file:
         return BiEncoder(encoder), train, None
-    valid = read_sts(args.validation_file)
+    valid = [part[: args.max_eval_samples] for part in read_sts(args.validation_file)]
 
     def evaluate() -> dict:  # encode() runs the model in eval mode and puts it back in training mode
         return evaluate_sts(encoder, *valid, batch_size=args.per_device_eval_batch_size)
@@ -96,8 +96,10 @@ def _head_setup(args: FinetuneArgs, tokenizer):
         raise DataError(f"{args.train_file}: STS Benchmark scores are numbers; add --regression (and "
                         "--label_scale 5)")
     spec = labelled_format(args)
-    train, label2id = load_task_data(spec, tokenizer, args.train_file, None)
+    train, label2id = load_task_data(spec, tokenizer, args.train_file, None)  # labels from the whole file
+    train = first_examples(train, args.max_train_samples)
     valid = load_task_data(spec, tokenizer, args.validation_file, label2id)[0] if args.validation_file else None
+    valid = first_examples(valid, args.max_eval_samples) if valid is not None else None
     if train.truncated or (valid is not None and valid.truncated):
         print(f"note: {train.truncated} training and {valid.truncated if valid else 0} validation examples are "
               f"longer than --max_seq_length {args.max_seq_length} and were truncated")
