@@ -535,7 +535,8 @@ def _add_eval_labelled(eval_commands) -> None:
 def _add_eval_embeddings(eval_commands) -> None:
     sts = eval_commands.add_parser("sts", help="Spearman / Pearson of embedding cosine against gold scores")
     _add_model(sts, "a sentence-transformers or HF encoder directory")
-    sts.add_argument("--file", required=True, help="the STS Benchmark release, or a CSV / TSV / JSONL file read with the column flags")
+    sts.add_argument("--file", required=True,
+                     help="the STS Benchmark release, or a CSV / TSV / JSONL file read with the column flags")
     sts.add_argument("--sentence1_column", default=None, help="(other formats) column of the first sentence")
     sts.add_argument("--sentence2_column", default=None, help="column of the second sentence (default sentence2)")
     sts.add_argument("--score_column", default=None, help="column of the gold score (default score)")
