@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import sys
 
 from unmask import __version__
@@ -616,6 +617,10 @@ class _Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(unknown[0].lstrip("-").replace("-", "_"), spelled, n=2, cutoff=0.7)
             hint = f"did you mean {' or '.join(spelled[c] for c in close)}?" if close else f"see {self.prog} --help"
             message = f"unrecognized argument {unknown[0]}; {hint}"
+        chosen = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if chosen:  # a misspelt command or task
+            close = difflib.get_close_matches(chosen[1], re.findall(r"'([^']*)'", chosen[2]), n=1, cutoff=0.6)
+            message += f"; did you mean {close[0]}?" if close else ""
         super().error(message)
 
 
