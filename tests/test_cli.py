@@ -188,7 +188,7 @@ def _mistakes(root, dirs) -> dict[str, tuple[list, str]]:
         "resuming with no checkpoint": (pretrain + ["--resume_from_checkpoint", "latest"], "no complete checkpoint"),
         "--skip_bad_files without --streaming": (pretrain + ["--skip_bad_files"], "applies to --streaming"),
         "a typo'd flag": (pretrain + ["--learnig_rate", "1e-4"], "did you mean --learning_rate"),
-        "a misspelt command": (["evl", "sts"], "invalid choice: 'evl'"),
+        "a misspelt command": (["evl", "sts"], "did you mean eval?"),
         "a misspelt task": (["finetune", "clasify", encoder], "did you mean classify?"),
         "a typo'd scheduler": (pretrain + ["--lr_scheduler_type", "cosin"], "--lr_scheduler_type must be one of"),
         "a negative learning rate": (pretrain + ["--learning_rate", "-1"], "--learning_rate cannot be negative"),
