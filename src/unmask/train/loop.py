@@ -142,7 +142,7 @@ class Run:
         self.optimizer.load_state_dict(saved["optimizer"])
         # each rank's own draws (its rows differ, so dropout and masking consumed its generators differently); a
         # cached run resumed on more processes gives the new ones rank 0's
-        randoms = saved["random"]
+        randoms = saved.get("random") or [{"torch": saved["torch_rng"], "generators": saved["generators"]}]  # older
         mine = randoms[self.dist.rank] if self.dist.rank < len(randoms) else randoms[0]
         torch.set_rng_state(mine["torch"])
         for generator, rng in zip(self.generators, mine["generators"]):
