@@ -12,7 +12,7 @@ import sys
 
 from unmask import __version__
 from unmask.errors import UnmaskError, UsageError
-from unmask.heads import FINETUNE_TASKS, LABELLED_TASKS, PREDICT_TASKS, check_head
+from unmask.heads import FINETUNE_TASKS, LABELLED_TASKS, PREDICT_TASKS, TASK_HEADS, check_head
 
 
 class _Switch(argparse.Action):
@@ -33,9 +33,8 @@ class _Once(argparse._StoreAction):
     """A file flag that takes one file: given twice, an error (argparse would keep the last and drop the first)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if self.dest in getattr(namespace, "_given", set()):
+        if getattr(namespace, self.dest) is not None:  # file flags default to None
             parser.error(f"{option_string} is given twice: it takes one value")
-        namespace._given = getattr(namespace, "_given", set()) | {self.dest}
         setattr(namespace, self.dest, values)
 
 
@@ -216,14 +215,14 @@ _JSON_HELP = "print one JSON object instead of the readable line"
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (),
                          helps: dict[str, str] | None = None) -> None:
     """One snake_case flag per field of a dataclass of arguments; required when the field has no default."""
+    texts = {**_HELP, **(helps or {})}
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         flags, kind = [f"--{f.name}", *_HF_ALIASES.get(f.name, ())], str(f.type)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = None if required else (f.default_factory() if f.default is dataclasses.MISSING else f.default)
-        help_text = {**_HELP, **(helps or {})}[f.name] + ("" if required or default in (None, [])
-                                                          else f" (default {default})")
+        help_text = texts[f.name] + ("" if required or default in (None, []) else f" (default {default})")
         if kind == "bool":
             parser.add_argument(*flags, action=_Switch, default=default, help=help_text)
         elif kind.startswith("list"):
@@ -241,6 +240,19 @@ def _args_of(cls, args):
     return cls(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
 
 
+def _model_for(command: str, task: str, path: str, int8: bool = False, bf16: bool = False):
+    """(model, tokenizer) of a directory whose head fits `task`; any other head is refused by name
+    (`heads.check_head`), never loaded with a head made up from random weights."""
+    from unmask.hub import read_config
+    from unmask.models import from_pretrained
+    from unmask.tokenizer import load_tokenizer
+
+    config = read_config(path)
+    check_head(command, task, path, config.architectures)
+    model = from_pretrained(path, TASK_HEADS[task], int8=int8, bf16=bf16, config=config)
+    return model, load_tokenizer(path, model.config)
+
+
 def _run_finetune(args) -> None:
     from unmask.train.args import FinetuneArgs
     from unmask.train.finetune import finetune
@@ -250,15 +262,9 @@ def _run_finetune(args) -> None:
 
 def _run_eval_task(args) -> None:
     from unmask.data.labelled import LabelledFormat, load_task_data
-    from unmask.hub import read_config
-    from unmask.tokenizer import load_tokenizer
     from unmask.train.evaluate import evaluate_task
-    from unmask.train.finetune import load_head_model
 
-    config = read_config(args.model)
-    check_head(f"unmask eval {args.task}", args.task, args.model, config.architectures)
-    model = load_head_model(args.task, args.model, config=config)
-    tokenizer = load_tokenizer(args.model, model.config)
+    model, tokenizer = _model_for(f"unmask eval {args.task}", args.task, args.model)
     regression = model.config.num_labels == 1
     spec = LabelledFormat(task=args.task, text_column=args.text_column, text_pair_column=args.text_pair_column,
                           label_column=args.label_column, regression=regression, label_scale=args.label_scale,
@@ -270,16 +276,11 @@ def _run_eval_task(args) -> None:
 
 
 def _run_predict(args) -> None:
-    from unmask.hub import read_config
     from unmask.pipelines.classify import predict_classify, predict_rerank
     from unmask.pipelines.tag import predict_entities
-    from unmask.tokenizer import load_tokenizer
-    from unmask.train.finetune import load_head_model
 
-    config = read_config(args.model)
-    check_head(f"unmask predict {args.task}", args.task, args.model, config.architectures)
-    model = load_head_model(args.task, args.model, int8=args.int8, bf16=args.bf16, config=config)
-    tokenizer = load_tokenizer(args.model, model.config)
+    model, tokenizer = _model_for(f"unmask predict {args.task}", args.task, args.model, int8=args.int8,
+                                  bf16=args.bf16)
     long_inputs = {"truncation": args.truncation, "stride": args.stride}
     if args.task == "classify":
         result = predict_classify(model, tokenizer, args.texts, top_k=args.top_k, **long_inputs)
@@ -301,16 +302,10 @@ def _run_pretrain(args) -> None:
 
 def _run_eval_mlm(args) -> None:
     from unmask.data.pretraining import PackedDataset, build_token_cache
-    from unmask.hub import read_config
-    from unmask.models import from_pretrained
-    from unmask.tokenizer import load_tokenizer
     from unmask.train.evaluate import evaluate_mlm
     from unmask.train.pretrain import default_cache_root
 
-    config = read_config(args.model)
-    check_head("unmask eval mlm", "fill-mask", args.model, config.architectures)
-    model = from_pretrained(args.model, "masked-lm", config=config)
-    tokenizer = load_tokenizer(args.model, model.config)
+    model, tokenizer = _model_for("unmask eval mlm", "fill-mask", args.model)
     cache = build_token_cache(args.file, tokenizer, default_cache_root(), args.text_field, show_progress=False)
     data = PackedDataset.from_cache(cache, tokenizer, args.max_seq_length)
     result = evaluate_mlm(model, data, tokenizer, args.batch_size, args.mlm_probability, args.max_samples,
@@ -323,15 +318,9 @@ def _run_eval_mlm(args) -> None:
 
 
 def _run_fill_mask(args) -> None:
-    from unmask.hub import read_config
-    from unmask.models import from_pretrained
     from unmask.pipelines.fill_mask import fill_mask
-    from unmask.tokenizer import load_tokenizer
 
-    config = read_config(args.model)
-    check_head("unmask fill-mask", "fill-mask", args.model, config.architectures)
-    model = from_pretrained(args.model, "masked-lm", int8=args.int8, bf16=args.bf16, config=config)
-    tokenizer = load_tokenizer(args.model, model.config)
+    model, tokenizer = _model_for("unmask fill-mask", "fill-mask", args.model, int8=args.int8, bf16=args.bf16)
     results = fill_mask(model, tokenizer, args.texts, top_k=args.top_k)
     if args.json:
         print(json.dumps(results[0] if len(args.texts) == 1 else results))

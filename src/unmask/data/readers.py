@@ -99,11 +99,11 @@ def read_sts(path: str | Path, sentence1_column: str | None = None, sentence2_co
              score_column: str | None = None) -> tuple[list[str], list[str], np.ndarray]:
     """Pairs and gold scores. Without column names the file is read as the STS Benchmark release."""
     path = Path(path)
-    lines = [line for line in _read_lines(path) if line.strip()]
-    if not lines:
-        raise DataError(f"{path}: empty file")
     first, second, scores = [], [], []
     if sentence1_column is None:  # STS Benchmark: genre, file, year, id, score, s1, s2 [, sources]
+        lines = [line for line in _read_lines(path) if line.strip()]
+        if not lines:
+            raise DataError(f"{path}: empty file")
         for n, line in enumerate(lines, start=1):
             parts = line.split("\t")
             if len(parts) < 7:
