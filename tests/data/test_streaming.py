@@ -65,6 +65,18 @@ def test_the_stream_is_the_same_for_any_number_of_workers(shards, tokenizer, mon
     assert keys[0][:20] != _one_epoch(TokenStream(shards, tokenizer, 24, workers=0, buffer_size=10**9))[:20]
 
 
+def test_an_epoch_is_drawn_whole_before_the_next_is_read(shards, tokenizer):
+    """A corpus smaller than the buffer: each epoch's sequences are drawn (shuffled) before the next epoch opens,
+    not one sequence per reopened epoch."""
+    epoch = Counter(_one_epoch(TokenStream(shards, tokenizer, 24, workers=0, buffer_size=10**9)))
+    stream = TokenStream(shards, tokenizer, 24, workers=0, buffer_size=10**9, seed=5)
+    size = sum(epoch.values())
+    first = [_key(e) for e in stream.take(size)]
+    assert Counter(first) == epoch and stream.epoch == 1 and not stream.buffer
+    second = [_key(e) for e in stream.take(size)]
+    assert Counter(second) == epoch and stream.epoch == 2 and second != first
+
+
 def test_ranks_read_disjoint_documents_that_cover_the_corpus(shards, tokenizer):
     whole = Counter(_one_epoch(TokenStream(shards, tokenizer, 24, workers=0, buffer_size=10**9)))
     parts = [Counter(_one_epoch(TokenStream(shards, tokenizer, 24, rank=r, world_size=2, workers=1,

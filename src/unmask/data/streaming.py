@@ -7,7 +7,8 @@ place f belongs to rank (f + k) % world_size, so ranks read disjoint documents. 
 DataLoader each tokenize every W-th unit, and the loader hands their results back in unit order, so the stream is
 the same for any number of workers (0 tokenizes in the training process). The training process packs the units
 into `[CLS] span [SEP]` sequences cut where `pack_spans` cuts the token cache, and draws them at random from a
-shuffle buffer.
+shuffle buffer. At an epoch's end the buffer is drawn empty before the next epoch is read, so epochs never mix and a
+corpus smaller than the buffer is reopened once per epoch, not once per sequence.
 
 Its position (`state_dict`, saved in every checkpoint) is the epoch, the last unit taken, the tokens of the current
 document not packed yet, the shuffle buffer and its random state: a resumed run draws the same sequences as an
@@ -115,6 +116,7 @@ class TokenStream:
         self.workers, self.buffer_size = workers, max(1, buffer_size)
         self.skip_bad_files, self.show = skip_bad_files, show
         self.epoch, self.after, self.document = 0, None, None
+        self.draining = False  # an epoch ended before the buffer filled: draw it empty before reading the next
         self.carry = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.uint8))  # the current document's tail
         self.buffer: list[tuple[np.ndarray, np.ndarray]] = []  # packed (ids, word starts) waiting to be drawn
         self.generator = torch.Generator().manual_seed(seed * 1_000_003 + rank)
@@ -126,9 +128,9 @@ class TokenStream:
         return [self._next() for _ in range(count)]
 
     def _next(self) -> dict[str, list[int]]:
-        while len(self.buffer) < self.buffer_size:
-            if not self._pull() and self.buffer:
-                break  # the epoch ended with fewer sequences than the buffer holds: draw from those
+        self.draining = self.draining and bool(self.buffer)
+        while not self.draining and len(self.buffer) < self.buffer_size:
+            self.draining = not self._pull() and bool(self.buffer)
         pick = int(torch.randint(len(self.buffer), (1,), generator=self.generator))
         self.buffer[pick], self.buffer[-1] = self.buffer[-1], self.buffer[pick]
         ids, starts = self.buffer.pop()
@@ -210,7 +212,7 @@ class TokenStream:
                 "buffer_ids": torch.from_numpy(joined[0].astype(np.int64)),
                 "buffer_starts": torch.from_numpy(joined[1].astype(np.int64)),
                 "buffer_lengths": torch.tensor(lengths, dtype=torch.int64),
-                "generator": self.generator.get_state(), "skipped": list(self.skipped)}
+                "generator": self.generator.get_state(), "skipped": list(self.skipped), "draining": self.draining}
 
     def load_state_dict(self, state: dict) -> None:
         if state["files"] != self.files_key():
@@ -226,4 +228,5 @@ class TokenStream:
         self.buffer = list(zip(ids, starts)) if len(state["buffer_lengths"]) else []
         self.generator.set_state(state["generator"])
         self.skipped = list(state["skipped"])
+        self.draining = state.get("draining", False)  # absent from the checkpoints of earlier versions
         self._units = None
