@@ -201,6 +201,7 @@ def _mistakes(root, dirs) -> dict[str, tuple[list, str]]:
         "the model given twice": (["eval", "sts", encoder, "--model", encoder, "--file", text], "given twice"),
         "int8 and bf16 at once": (embed + ["--int8", "--bf16"], "not allowed with argument --int8"),
         "a port that is not a number": (["serve", encoder, "--port", "http"], "invalid int value: 'http'"),
+        "the sample written over a folder in use": (["example-data", root / "used"], "used is not empty"),
     }
 
 

@@ -18,8 +18,8 @@ LAYERS = [
     ("data", ["unmask.data", "unmask.tokenizer", "unmask.objectives"]),
     ("pipelines", ["unmask.pipelines"]),
     ("train", ["unmask.train"]),
-    ("entry points", ["unmask.serve", "unmask.cli", "unmask.demo", "unmask.quickstart", "unmask.__main__",
-                      "unmask"]),
+    ("entry points", ["unmask.serve", "unmask.cli", "unmask.demo", "unmask.quickstart", "unmask.example_data",
+                      "unmask.__main__", "unmask"]),
 ]
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 from unmask import __version__
 from unmask.errors import UnmaskError, UsageError
@@ -74,6 +75,20 @@ def _run_quickstart(args) -> None:
     _run_demo(args)
     print("\nunmask quickstart, part 2: pretrain a tiny BERT on the same grammar, then fill blanks\n")
     quickstart(args.output_dir, seed=args.seed)
+
+
+def _run_example_data(args) -> None:
+    from unmask.example_data import write_example_data
+
+    root = Path(args.output_dir)
+    if root.exists() and any(root.iterdir()) and not args.overwrite:
+        raise UsageError(f"{root} is not empty: give an empty or new directory, or --overwrite to replace the "
+                         "sample's files there")
+    files = write_example_data(root, seed=args.seed)
+    size = sum(f.stat().st_size for f in files)
+    folders = sorted({f.relative_to(root).parts[0] for f in files})
+    print(f"wrote {len(files)} files ({size / 1e6:.1f} MB) under {root}/: {', '.join(folders)}; the README's examples "
+          f"read them as {root}/...")
 
 
 def _run_tokenizer_train(args) -> None:
@@ -414,6 +429,13 @@ def _add_setup_commands(commands) -> None:
     demo = commands.add_parser("demo", help="the masking lesson on synthetic data")
     _add_demo_flags(demo)
     demo.set_defaults(run=_run_demo)
+
+    example = commands.add_parser("example-data", help="write a small generated sample of every file the README's "
+                                  "examples read (books, SST-2, CoNLL, STS-B, BEIR layouts)")
+    example.add_argument("output_dir", nargs="?", default="data", help="where to write it (default: data)")
+    example.add_argument("--overwrite", action="store_true", help="write into a directory that is not empty")
+    example.add_argument("--seed", type=int, default=0, help="seed of the generated texts")
+    example.set_defaults(run=_run_example_data)
 
     tokenizer = commands.add_parser("tokenizer", help="tokenizer tools")
     tokenizer_commands = tokenizer.add_subparsers(dest="tokenizer_command", required=True)
