@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from unmask import __version__
@@ -275,6 +276,19 @@ def _run_finetune(args) -> None:
     print(json.dumps(finetune(_args_of(FinetuneArgs, args)), indent=2))
 
 
+def _report(args, result: dict, line: str | None = None) -> None:
+    """An evaluation's one-line summary with the time it took; with --json, the JSON alone on stdout and the time on
+    stderr (a log keeps both)."""
+    took = time.perf_counter() - args.started
+    took = f"{took:.1f} s" if took < 120 else f"{took / 60:.1f} min"
+    if getattr(args, "json", False):
+        print(json.dumps(result))
+        print(f"done in {took}", file=sys.stderr)
+        return
+    line = line or "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v:,}" for k, v in result.items())
+    print(f"{line}  ({took})")
+
+
 def _run_eval_task(args) -> None:
     from unmask.data.labelled import LabelledFormat, load_task_data
     from unmask.train.evaluate import evaluate_task
@@ -285,9 +299,7 @@ def _run_eval_task(args) -> None:
                           label_column=args.label_column, regression=regression, label_scale=args.label_scale,
                           max_seq_length=args.max_seq_length)
     data, _ = load_task_data(spec, tokenizer, args.file, None if regression else model.config.label2id)
-    result = evaluate_task(args.task, model, data, tokenizer.pad_token_id, args.batch_size, show_progress=True)
-    print(json.dumps(result) if args.json else "  ".join(f"{k} {v:.4f}" for k, v in result.items()
-                                                          if isinstance(v, float)))
+    _report(args, evaluate_task(args.task, model, data, tokenizer.pad_token_id, args.batch_size, show_progress=True))
 
 
 def _run_predict(args) -> None:
@@ -325,11 +337,8 @@ def _run_eval_mlm(args) -> None:
     data = PackedDataset.from_cache(cache, tokenizer, args.max_seq_length)
     result = evaluate_mlm(model, data, tokenizer, args.batch_size, args.mlm_probability, args.max_samples,
                           seed=args.seed)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"loss {result['loss']:.4f}  accuracy {result['accuracy']:.4f}  perplexity {result['perplexity']:.2f}"
-              f"  ({result['tokens']:,} masked tokens)")
+    _report(args, result, f"loss {result['loss']:.4f}  accuracy {result['accuracy']:.4f}  perplexity "
+                          f"{result['perplexity']:.2f}  {result['tokens']:,} masked tokens")
 
 
 def _run_fill_mask(args) -> None:
@@ -359,7 +368,8 @@ def _run_embed(args) -> None:
     vectors = encoder.encode(sentences, batch_size=args.batch_size, normalize=args.normalize,
                              truncation=args.truncation, stride=args.stride)
     np.save(args.output, vectors)
-    print(f"{len(sentences):,} sentences -> {args.output} ({vectors.shape[0]} x {vectors.shape[1]}, float32)")
+    _report(args, {}, f"{len(sentences):,} sentences -> {args.output} ({vectors.shape[0]} x {vectors.shape[1]}, "
+                      "float32)")
 
 
 def _run_eval_sts(args) -> None:
@@ -369,9 +379,7 @@ def _run_eval_sts(args) -> None:
 
     encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
     pairs = read_sts(args.file, args.sentence1_column, args.sentence2_column, args.score_column)
-    result = evaluate_sts(encoder, *pairs, batch_size=args.batch_size)
-    print(json.dumps(result) if args.json else
-          f"spearman {result['spearman']:.4f}  pearson {result['pearson']:.4f}  ({result['pairs']} pairs)")
+    _report(args, evaluate_sts(encoder, *pairs, batch_size=args.batch_size))
 
 
 def _run_eval_retrieval(args) -> None:
@@ -379,9 +387,8 @@ def _run_eval_retrieval(args) -> None:
     from unmask.train.evaluate import evaluate_retrieval
 
     encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
-    result = evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size,
-                                truncation=args.truncation, stride=args.stride)
-    print(json.dumps(result) if args.json else "  ".join(f"{k} {v:.4f}" for k, v in result.items()))
+    _report(args, evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size,
+                                     truncation=args.truncation, stride=args.stride))
 
 
 def _add_model(parser: argparse.ArgumentParser, what: str) -> None:
@@ -646,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     from unmask.runtime import keep_freed_memory
 
     keep_freed_memory()  # once, for the whole process: large tensors are reused, not page-faulted in again
+    args.started = time.perf_counter()
     try:
         args.run(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit

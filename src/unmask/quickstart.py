@@ -47,8 +47,8 @@ def quickstart(output_dir: str | Path = "runs/quickstart", seed: int = 0, max_st
         vocab_size=120, max_seq_length=16, per_device_train_batch_size=64, learning_rate=3e-3, warmup_steps=30,
         max_steps=max_steps, logging_steps=50, mlm_probability=0.3, seed=seed, cache_dir=str(output_dir / "cache"),
         show_progress=True, overwrite_output_dir=True))  # its own directory: a rerun replaces it
-    minutes = (time.perf_counter() - start) / 60
-    print(f"\npretrained in {minutes:.1f} min: validation masked-token accuracy {result['eval_accuracy']:.3f},"
+    seconds = time.perf_counter() - start
+    print(f"\npretrained in {seconds:.0f} s: validation masked-token accuracy {result['eval_accuracy']:.3f},"
           f" perplexity {result['eval_perplexity']:.2f}  -> {model_dir}\n")
     model = from_pretrained(model_dir, "masked-lm")
     tokenizer = load_tokenizer(model_dir, model.config)
@@ -60,4 +60,4 @@ def quickstart(output_dir: str | Path = "runs/quickstart", seed: int = 0, max_st
         print(f"  {text:<38} {shown}{verdict}")
     print("\nThe verb is decided by the word after it; the subject is not decided by anything, so the model spreads"
           " its bet.\nTry: unmask fill-mask " + str(model_dir) + ' "the cat [MASK] in the park now"')
-    return {**result, "probes_right": right, "minutes": minutes}
+    return {**result, "probes_right": right, "seconds": seconds}
