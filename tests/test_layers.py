@@ -12,7 +12,8 @@ ROOT = Path(unmask.__file__).parent
 
 # lowest first; a module may import from its own layer and any layer before it
 LAYERS = [
-    ("base", ["unmask.errors", "unmask.io", "unmask.config", "unmask.heads", "unmask.runtime", "unmask.metrics"]),
+    ("base", ["unmask.errors", "unmask.io", "unmask.config", "unmask.heads", "unmask.runtime", "unmask.metrics",
+              "unmask.progress"]),
     ("hub", ["unmask.hub"]),
     ("models", ["unmask.models"]),
     ("data", ["unmask.data", "unmask.tokenizer", "unmask.objectives"]),

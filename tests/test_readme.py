@@ -90,6 +90,7 @@ class ReadmeSession:
         done = subprocess.run(["bash", "-c", small(command)], cwd=self.workdir, env=self.env, capture_output=True,
                               text=True, timeout=600)
         assert done.returncode == 0 and "Traceback" not in done.stderr, (command, done.stderr[-3000:])
+        assert "\r" not in done.stderr, (command, "a progress bar drew into a log")  # stderr is a pipe here
         return done
 
     def run(self, command: str, comment: str) -> None:

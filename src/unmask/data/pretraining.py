@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from unmask.data.sources import expand_paths, iter_document_lines
 from unmask.errors import DataError, UsageError
+from unmask.progress import progress
 
 CACHE_VERSION = 2
 _BATCH_CHARS = 1_000_000  # characters handed to the Rust tokenizer at once (it encodes a batch on all cores)
@@ -126,7 +126,7 @@ def build_token_cache(patterns, tokenizer, cache_root: str | Path, text_field: s
     tmp.mkdir(parents=True)
     dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
     with _CacheWriter(tmp, dtype) as cache:
-        for path in tqdm(files, desc="tokenizing", unit="file", disable=not show_progress):
+        for path in progress(files, desc="tokenizing", unit="file", disable=not show_progress):
             current = None
             for number, block_ids, block_starts in _encoded_blocks(tokenizer, iter_document_lines([path], text_field)):
                 if number != current:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from unmask.data.collate import pad_batch
 from unmask.errors import UsageError
+from unmask.progress import progress
 
 # forward(input_ids, attention_mask, token_type_ids) -> one result per row of the (B, T) batch
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], Sequence]
@@ -30,8 +30,8 @@ def run_batches(model: torch.nn.Module, input_ids: Sequence[Sequence[int]], forw
     model.eval()
     try:
         with torch.inference_mode():
-            for start in tqdm(range(0, len(order), batch_size), desc="inference", unit="batch",
-                              disable=not show_progress):
+            for start in progress(range(0, len(order), batch_size), desc="inference", unit="batch",
+                                  disable=not show_progress):
                 rows = order[start : start + batch_size]
                 ids, attention_mask = pad_batch([input_ids[i] for i in rows], pad_token_id)
                 types = None if token_type_ids is None else pad_batch([token_type_ids[i] for i in rows], 0)[0]

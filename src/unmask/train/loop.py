@@ -31,6 +31,7 @@ from unmask.errors import TrainingError
 from unmask.hub import load_weights, read_weights
 from unmask.models import warn_if_slow_bf16
 from unmask.models.outputs import IGNORE_INDEX
+from unmask.progress import progress
 from unmask.train.args import TrainingArgs
 from unmask.train.checkpoint import resume_point, save_checkpoint
 from unmask.train.distributed import Distributed
@@ -206,13 +207,13 @@ class Run:
         self.window.loss += step_loss
         self.window.steps += 1
 
-    def log(self, progress: tqdm) -> dict:
+    def log(self, bar: tqdm) -> dict:
         """One metrics line over the steps since the last one."""
         window = self.window
         row = {"step": self.state.step, "loss": window.loss / window.steps, "learning_rate": self.lr,
                "tokens_per_second": self.dist.sum(window.tokens) / (time.perf_counter() - window.start),
                "elapsed_seconds": self.elapsed()}
-        progress.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_second']:,.0f}")
+        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_second']:,.0f}")
         self.metrics.write(row)
         self.window = Window()
         return row
@@ -295,18 +296,18 @@ def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, 
     run = Run(model, tokenizer, args, dist, evaluation, generators, model_kwargs or {}, stream)
     step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
     step_rows *= dist.world_size if stream is None else 1
-    progress = tqdm(total=args.max_steps, initial=run.state.step, desc="training",
-                    disable=not (args.show_progress and dist.is_main))
+    bar = progress(total=args.max_steps, initial=run.state.step, desc="training",
+                   disable=not (args.show_progress and dist.is_main))
     last_row, stop_reason = {}, "max_steps"
     while run.state.step < args.max_steps:
         if args.max_train_minutes and run.elapsed() >= args.max_train_minutes * 60:
             stop_reason = "time budget"
             break
         run.update(run.accumulate(make_batch(run.state.step, step_rows)))
-        progress.update(1)
+        bar.update(1)
         step = run.state.step
         if step % args.logging_steps == 0 or step == args.max_steps:
-            last_row = run.log(progress)
+            last_row = run.log(bar)
         stop = False
         if evaluation is not None and args.eval_steps and step % args.eval_steps == 0 and dist.is_main:
             stop = run.evaluate()
@@ -318,6 +319,6 @@ def train_loop(model, tokenizer, args: TrainingArgs, make_batch: Callable[[int, 
             stop_reason = "early stopping"
             break
     if run.window.steps:
-        last_row = run.log(progress)
-    progress.close()
+        last_row = run.log(bar)
+    bar.close()
     return run.finish(last_row, stop_reason)
