@@ -467,7 +467,7 @@ def _add_training_commands(commands) -> None:
     _add_dataclass_flags(pretrain, PretrainArgs)
     pretrain.set_defaults(run=_run_pretrain)
 
-    finetune = commands.add_parser("finetune", help="fine-tune a head: classify, pair or tag")
+    finetune = commands.add_parser("finetune", help="fine-tune a head: classify, tag, pair or embed")
     finetune.add_argument("task", choices=FINETUNE_TASKS, help="classify (a text -> a label), pair (two texts -> "
                           "a label or score), tag (a label per word), embed (sentence vectors from pairs)")
     _add_model(finetune, "the encoder to fine-tune: ours, a transformers or a sentence-transformers directory")
