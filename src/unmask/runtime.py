@@ -1,5 +1,6 @@
-"""A process-wide setting, applied once by the entry points (`unmask` commands, benchmarks), never by a library call:
-keep freed memory in the process instead of handing it back to the kernel after every step.
+"""Process-wide settings, applied once by the entry points (`unmask` commands, benchmarks), never by a library call.
+
+`keep_freed_memory`: keep freed memory in the process instead of handing it back to the kernel after every step.
 
 glibc serves allocations above 32 MB (the word-embedding gradient of a BERT vocabulary is larger) with a fresh mmap
 and unmaps them when freed, so every training step page-faults them in again and zero-fills them, which on the
@@ -8,16 +9,24 @@ mmap and trim thresholds once per process keeps such blocks in the heap for reus
 process simply keeps it until it exits (as PyTorch's CUDA allocator does). Inference gains too: it allocates the
 same large activations forward after forward (BENCHMARKS.md). The `unmask` command applies it at start-up; a Python
 program calls `keep_freed_memory()` once itself.
+
+`bound_kernel_caches`: oneDNN (bf16 matmuls on CPU) builds a kernel per input shape and keeps it in two caches of
+1,024 entries each (oneDNN's own and ideep's), about a megabyte a kernel. Unpadded batches have a new number of
+tokens nearly every time, so a server or a training run in bf16 grew by tens of MB per thousand batches. Capping both
+caches keeps the process flat; a shape used again (a fixed-size loop) stays cached. `unmask` applies it with
+`--bf16` (fp32 matmuls are not oneDNN's), before torch is imported; a user's own setting of either variable wins.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
 _done = False
+KERNEL_CACHE_CAPACITY = 64
 
 
 def keep_freed_memory() -> bool:
@@ -33,3 +42,9 @@ def keep_freed_memory() -> bool:
     _done = bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 31))
     return _done
 
+
+
+def bound_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
+    """Cap oneDNN's and ideep's per-shape kernel caches (before torch is imported), unless the user set them."""
+    for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(variable, str(capacity))
