@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -219,3 +220,19 @@ def test_newcomer_mistakes_get_one_line_that_names_the_fix(tmp_path, model_dirs,
         err = capsys.readouterr().err.strip()
         assert code == 2, (name, err)
         assert "Traceback" not in err and says in err.splitlines()[-1], (name, err)
+
+
+def test_eval_prints_one_line_with_the_metrics_and_the_time(tmp_path, model_dirs):
+    """Without --json, `eval` ends with one line: the numbers (a breakdown per entity type is for --json) and the
+    time; with --json, the JSON alone on stdout and the time on stderr."""
+    conll = tmp_path / "tags.txt"
+    conll.write_text("Alice B-PER\nflew O\nto O\nLisbon B-LOC\n\nBob B-PER\nstayed O\n")
+    reviews = tmp_path / "reviews.tsv"
+    reviews.write_text("sentence\tlabel\na fine film\tpos\na dull film\tneg\n")
+    for task, model, data in (("tag", "tag", conll), ("classify", "classify", reviews)):
+        argv = [sys.executable, "-m", "unmask.cli", "eval", task, str(model_dirs[model]), "--file", str(data)]
+        text = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert text.returncode == 0, text.stderr
+        assert re.fullmatch(r"(\S+ [\d.,]+  )+\(\d+\.\d s\)\n", text.stdout), text.stdout
+        as_json = subprocess.run(argv + ["--json"], capture_output=True, text=True, timeout=120)
+        assert json.loads(as_json.stdout) and re.search(r"done in \d+\.\d s", as_json.stderr)

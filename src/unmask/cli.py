@@ -285,7 +285,8 @@ def _report(args, result: dict, line: str | None = None) -> None:
         print(json.dumps(result))
         print(f"done in {took}", file=sys.stderr)
         return
-    line = line or "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v:,}" for k, v in result.items())
+    line = line or "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v:,}" for k, v in result.items()
+                             if isinstance(v, (int, float)))  # per-type breakdowns: --json
     print(f"{line}  ({took})")
 
 
