@@ -24,6 +24,7 @@ from unmask.models.bert import (
     BertForTokenClassification,
     BertModel,
 )
+from unmask.pipelines.embed import SentenceEncoder
 from unmask.pipelines.tag import predict_entities
 from unmask.tokenizer import load_tokenizer
 from unmask.train.finetune import FinetuneArgs, finetune
@@ -282,7 +283,6 @@ def test_pair_regression_on_sts_format(tmp_path, encoder_dir):
 
 def test_embed_cosent_improves_sts(tmp_path, encoder_dir):
     from unmask.data.readers import read_sts
-    from unmask.pipelines.embed import SentenceEncoder
     from unmask.train.evaluate import evaluate_sts
 
     train = write_sts(tmp_path / "sts-train.csv", sts_rows(300, 2))
@@ -316,6 +316,32 @@ def test_embed_in_batch_negatives_on_unscored_pairs(tmp_path, encoder_dir):
     rows = [json.loads(line) for line in (tmp_path / "mnrl" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["loss"] < rows[0]["loss"] * 0.7, rows
     assert (tmp_path / "mnrl" / "modules.json").exists() and result["step"] == 26
+
+
+def test_embed_learns_from_hard_negatives_in_triplets(tmp_path, encoder_dir):
+    """(anchor, positive, negative) rows whose negative differs from the positive by the verb alone: after
+    training, each anchor is nearer its positive than its hard negative far more often than before."""
+    rng = random.Random(5)
+    rows = []
+    for _ in range(240):
+        verb, other = rng.sample(POSITIVE + NEGATIVE, 2)
+        name = rng.choice(NAMES)
+        rows.append({"anchor": f"{name} {verb} the letter", "positive": f"the letter {verb} by {name}",
+                     "negative": f"the letter {other} by {name}"})
+    triplets = tmp_path / "triplets.jsonl"
+    triplets.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    def ranked_right(model_dir) -> float:
+        encoder = SentenceEncoder.from_pretrained(model_dir)
+        a, p, n = (encoder.encode([r[c] for r in rows[:60]]) for c in ("anchor", "positive", "negative"))
+        return float(((a * p).sum(1) > (a * n).sum(1)).mean())
+
+    before = ranked_right(encoder_dir)
+    finetune(FinetuneArgs(task="embed", model=str(encoder_dir), train_file=str(triplets),
+                          output_dir=str(tmp_path / "hard"), learning_rate=1e-3, num_train_epochs=3,
+                          per_device_train_batch_size=16, show_progress=False))
+    after = ranked_right(tmp_path / "hard")  # 1.0 from 0.63-0.78 over four data and training seeds
+    assert after >= 0.95 and after > before + 0.15, (before, after)
 
 
 def test_max_train_and_eval_samples_take_the_first_examples(tmp_path, encoder_dir):

@@ -187,21 +187,29 @@ def tag_label_map(tags: list[list[str]]) -> dict[str, int]:
 
 @dataclass
 class PairData:
-    """Text pairs for bi-encoder training; `scores` set means CoSENT (ordered by score), else in-batch negatives."""
+    """Bi-encoder training examples: (a, b) pairs with `scores` for CoSENT, or else an anchor `a`, its positive `b`
+    and the same number of hard `negatives` for each (none: in-batch negatives only)."""
 
     a: list[list[int]]
     b: list[list[int]]
     scores: list[float] | None
+    negatives: list[list[list[int]]] | None = None  # per example, its k negatives
 
     def __len__(self) -> int:
         return len(self.a)
 
     def collate(self, indices, pad_token_id: int) -> dict[str, torch.Tensor]:
+        """Scored pairs: `input_ids_b` (B, T) and float `labels`. Otherwise `input_ids_b` (B, 1 + k, T), each
+        anchor's positive then its negatives (so a slice of rows keeps every example whole), `labels` its row."""
         input_ids, attention_mask = pad_batch([self.a[i] for i in indices], pad_token_id)
-        input_ids_b, attention_mask_b = pad_batch([self.b[i] for i in indices], pad_token_id)
         if self.scores is not None:
+            input_ids_b, attention_mask_b = pad_batch([self.b[i] for i in indices], pad_token_id)
             labels = torch.tensor([self.scores[i] for i in indices], dtype=torch.float32)
-        else:  # a_i's positive is b_i
+        else:
+            candidates = [[self.b[i], *(self.negatives[i] if self.negatives else [])] for i in indices]
+            input_ids_b, attention_mask_b = pad_batch([c for row in candidates for c in row], pad_token_id)
+            input_ids_b = input_ids_b.view(len(indices), len(candidates[0]), -1)
+            attention_mask_b = attention_mask_b.view(len(indices), len(candidates[0]), -1)
             labels = torch.arange(len(indices))
         return {"input_ids": input_ids, "attention_mask": attention_mask, "input_ids_b": input_ids_b,
                 "attention_mask_b": attention_mask_b, "labels": labels}
@@ -245,22 +253,46 @@ def _from_rows(spec, tokenizer, rows, path, first, second, label2id):
 
 
 def load_pairs(spec: LabelledFormat, tokenizer, path: str):
-    """Bi-encoder pairs: the STS Benchmark release, or a table with two text columns (and optional scores)."""
+    """Bi-encoder examples: the STS Benchmark release; a table with `anchor`, `positive` and any number of
+    `negative...` columns (sentence-transformers' names: triplets, n-tuples); or two text columns (and optional
+    scores)."""
+    negatives = None
     if is_sts_release(path):
         first, second, scores = read_sts(path)
         scores = scores.tolist()
     else:
         rows = read_table(path)
-        text_column = "sentence1" if spec.text_column == "sentence" else spec.text_column
-        first = [str(v) for v in column(rows, text_column, path)]
-        second = [str(v) for v in column(rows, spec.text_pair_column or "sentence2", path)]
-        scores = [float(v) for v in column(rows, spec.label_column, path)] if spec.label_column in rows[0] else None
+        if "anchor" in rows[0]:
+            first, second, negatives = _tuples(rows, path)
+            scores = None
+        else:
+            text_column = "sentence1" if spec.text_column == "sentence" else spec.text_column
+            first = [str(v) for v in column(rows, text_column, path)]
+            second = [str(v) for v in column(rows, spec.text_pair_column or "sentence2", path)]
+            scores = ([float(v) for v in column(rows, spec.label_column, path)] if spec.label_column in rows[0]
+                      else None)
 
     def ids(texts):
         return [e.ids if len(e.ids) <= spec.max_seq_length else e.ids[: spec.max_seq_length - 1] + e.ids[-1:]
                 for e in tokenizer.encode_batch(texts)]
 
-    return PairData(ids(first), ids(second), scores)
+    if negatives is not None:
+        columns = [ids([row[c] for row in negatives]) for c in range(len(negatives[0]))]
+        negatives = [list(example) for example in zip(*columns)] if columns else None
+    return PairData(ids(first), ids(second), scores, negatives)
+
+
+def _tuples(rows: list[dict], path) -> tuple[list[str], list[str], list[list[str]]]:
+    """(anchors, positives, each row's negatives) of an (anchor, positive, negative...) table; a missing or empty
+    cell is an error naming its row."""
+    negative_columns = [name for name in rows[0] if name.startswith("negative")]
+    for n, row in enumerate(rows, start=1):
+        for name in ["anchor", "positive", *negative_columns]:
+            if not isinstance(row.get(name), str) or not row[name].strip():
+                raise DataError(f"{path}: row {n}: column {name!r} is missing or empty (every row of an anchor / "
+                                f"positive / negative table needs all of {['anchor', 'positive', *negative_columns]})")
+    return ([r["anchor"] for r in rows], [r["positive"] for r in rows],
+            [[r[name] for name in negative_columns] for r in rows])
 
 
 def first_examples(data, n: int | None):

@@ -1,6 +1,7 @@
-"""Losses for bi-encoders (sentence embeddings), on the pooled vectors of two batches of texts.
+"""Losses for bi-encoders (sentence embeddings), on the pooled vectors of batches of texts.
 
-MultipleNegativesRankingLoss (in-batch negatives): text a_i should be nearest b_i among all b_j of the batch.
+Multiple-negatives ranking (InfoNCE): anchor a_i should be nearest its positive p_i among every candidate of the
+batch: all the positives and all the hard negatives (sentence-transformers' `MultipleNegativesRankingLoss`).
 CoSENT: for scored pairs, every pair with a higher gold score should get a higher cosine than every pair below it.
 Both use scaled cosine similarity (scale 20, as sentence-transformers does).
 """
@@ -11,10 +12,33 @@ import torch
 import torch.nn.functional as F
 
 
-def in_batch_negatives_loss(a: torch.Tensor, b: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
-    """(B, H), (B, H) -> cross-entropy of each a_i over the B candidates b_j, the right one being b_i."""
-    scores = F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T * scale  # (B, B)
-    return F.cross_entropy(scores.float(), torch.arange(len(a), device=a.device))
+def multiple_negatives_ranking_loss(anchors: torch.Tensor, candidates: torch.Tensor,
+                                    duplicates: torch.Tensor | None = None, scale: float = 20.0,
+                                    symmetric: bool = False) -> torch.Tensor:
+    """anchors (B, H); candidates (C, H), the B positives first, then each column of hard negatives (C = B (1 + k)).
+
+    -mean_i log softmax_j(s_ij)[i], s the scaled cosines of a_i and candidate j. `duplicates` (B, C) bool marks
+    candidates whose text is a_i's positive, other than i itself: they are not its negatives and leave the softmax.
+    `symmetric` averages the log-normaliser with the positives' own softmax over the anchors (p_i -> a_i), as
+    sentence-transformers' directions ("query_to_doc", "doc_to_query") with partition_mode "per_direction"."""
+    B = len(anchors)
+    anchors, candidates = F.normalize(anchors, dim=-1), F.normalize(candidates, dim=-1)
+    scores = (anchors @ candidates.T).float() * scale  # (B, C)
+    if duplicates is not None:
+        scores = scores.masked_fill(duplicates, -torch.inf)
+    rows = torch.arange(B, device=scores.device)
+    log_z = torch.logsumexp(scores, dim=1)  # (B,)
+    if symmetric:
+        backward_scores = (candidates[:B] @ anchors.T).float() * scale  # (B, B): p_i against every anchor
+        log_z = (log_z + torch.logsumexp(backward_scores, dim=1)) / 2
+    return -(scores[rows, rows] - log_z).mean()
+
+
+def duplicate_positives(candidate_ids: torch.Tensor, batch: int) -> torch.Tensor:
+    """(C, T) padded candidate ids, the `batch` positives first -> (B, C) bool: candidate j is the same text as
+    positive i but not i itself (a repeated positive, or a mined negative that is another anchor's positive)."""
+    same = (candidate_ids[None, :, :] == candidate_ids[:batch, None, :]).all(dim=-1)  # (B, C)
+    return same & ~torch.eye(batch, len(candidate_ids), dtype=torch.bool, device=same.device)
 
 
 def cosent_loss(a: torch.Tensor, b: torch.Tensor, labels: torch.Tensor, scale: float = 20.0) -> torch.Tensor:

@@ -21,7 +21,7 @@ from unmask.data.readers import is_sts_release, read_sts
 from unmask.errors import DataError
 from unmask.heads import TASK_HEADS
 from unmask.io import atomic_write_text
-from unmask.objectives.contrastive import cosent_loss, in_batch_negatives_loss
+from unmask.objectives.contrastive import cosent_loss, duplicate_positives, multiple_negatives_ranking_loss
 from unmask.pipelines.embed import SentenceEncoder, pool
 from unmask.tokenizer import load_tokenizer
 from unmask.train.args import FinetuneArgs
@@ -55,10 +55,13 @@ class BiEncoder(torch.nn.Module):
         return pool(self.bert(input_ids, attention_mask).last_hidden_state, attention_mask, self.encoder.pooling)
 
     def forward(self, input_ids, attention_mask, input_ids_b, attention_mask_b, labels) -> _LossOutput:
-        a, b = self.embed(input_ids, attention_mask), self.embed(input_ids_b, attention_mask_b)  # (B, H) each
-        if labels.is_floating_point():
-            return _LossOutput(cosent_loss(a, b, labels))
-        return _LossOutput(in_batch_negatives_loss(a, b))
+        a = self.embed(input_ids, attention_mask)  # (B, H)
+        if labels.is_floating_point():  # scored pairs: (B, T) each
+            return _LossOutput(cosent_loss(a, self.embed(input_ids_b, attention_mask_b), labels))
+        B, n, T = input_ids_b.shape  # (B, 1 + k, T): the positives, then each column of negatives
+        candidate_ids = input_ids_b.transpose(0, 1).reshape(B * n, T)
+        candidates = self.embed(candidate_ids, attention_mask_b.transpose(0, 1).reshape(B * n, T))  # (C, H)
+        return _LossOutput(multiple_negatives_ranking_loss(a, candidates, duplicate_positives(candidate_ids, B)))
 
     def save_pretrained(self, output_dir, tokenizer=None) -> Path:
         return self.encoder.save_pretrained(output_dir)

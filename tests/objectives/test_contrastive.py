@@ -1,0 +1,44 @@
+"""Multiple-negatives ranking: the loss and gradients of sentence-transformers' MultipleNegativesRankingLoss (hard
+negatives, the symmetric form), and a repeated positive is never a negative."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unmask.objectives.contrastive import duplicate_positives, multiple_negatives_ranking_loss
+
+
+def _embeddings(seed: int, batch: int = 8, negatives: int = 2, width: int = 16) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, width, generator=generator, requires_grad=True) for _ in range(2 + negatives)]
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_the_loss_and_gradients_are_sentence_transformers(symmetric):
+    losses = pytest.importorskip("sentence_transformers.sentence_transformer.losses")
+    options = {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"} if symmetric else {}
+    theirs_fn = losses.MultipleNegativesRankingLoss(model=None, scale=20.0, **options)
+    ours_in, theirs_in = _embeddings(0), _embeddings(0)
+    ours = multiple_negatives_ranking_loss(ours_in[0], torch.cat(ours_in[1:]), symmetric=symmetric)
+    theirs = theirs_fn.compute_loss_from_embeddings(theirs_in, labels=None)
+    ours.backward()
+    theirs.backward()
+    assert ours.item() == pytest.approx(theirs.item(), abs=1e-6)
+    for mine, reference in zip(ours_in, theirs_in):
+        assert torch.allclose(mine.grad, reference.grad, atol=1e-7)
+
+
+def test_a_repeated_positive_leaves_the_softmax():
+    anchors, positives, negatives = (t.detach() for t in _embeddings(1, batch=4, negatives=1))
+    candidate_ids = torch.tensor([[5, 6, 0], [7, 8, 9], [5, 6, 0], [3, 0, 0],  # positive 2 repeats positive 0
+                                  [1, 2, 0], [7, 8, 9], [4, 4, 0], [2, 0, 0]])  # negative of anchor 1 = positive 1
+    same = duplicate_positives(candidate_ids, 4)
+    assert same.nonzero().tolist() == [[0, 2], [1, 5], [2, 0]]
+    candidates = torch.cat([positives, negatives])
+    loss = multiple_negatives_ranking_loss(anchors, candidates, same)
+    scores = torch.nn.functional.normalize(anchors, dim=-1) @ torch.nn.functional.normalize(candidates, dim=-1).T * 20
+    by_hand = [torch.log_softmax(scores[i][[j for j in range(8) if not same[i, j]]], 0)[i - (i == 2)]
+               for i in range(4)]
+    assert loss.item() == pytest.approx(-torch.stack(by_hand).mean().item(), abs=1e-6)
+    assert loss < multiple_negatives_ranking_loss(anchors, candidates)  # the repeat no longer counts against it
