@@ -203,6 +203,9 @@ def _mistakes(root, dirs) -> dict[str, tuple[list, str]]:
         "int8 and bf16 at once": (embed + ["--int8", "--bf16"], "not allowed with argument --int8"),
         "a port that is not a number": (["serve", encoder, "--port", "http"], "invalid int value: 'http'"),
         "the sample written over a folder in use": (["example-data", root / "used"], "used is not empty"),
+        "Matryoshka dimensions on a classifier": (["finetune", "classify", encoder, "--train_file", text,
+                                                   "--output_dir", root / "ft", "--matryoshka_dims", "64,32"],
+                                                  "--matryoshka_dims is for finetune embed"),
     }
 
 

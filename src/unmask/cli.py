@@ -134,6 +134,8 @@ _HELP = {
     "text_pair_column": "pair: the column of the second text (default sentence2)",
     "label_column": "the column of the label (or score)",
     "regression": "classify / pair: predict a number (one output, mean squared error) instead of a label",
+    "matryoshka_dims": "embed: add the loss at each of these leading dimensions, truncated and renormalised "
+                       "(Matryoshka), e.g. 384,256,128,64",
     "label_scale": "regression: targets are divided by this (STS-B's 0-5 scores: 5)",
     "warmup_ratio": "share of the steps spent warming up (when --warmup_steps is 0)",
     "early_stopping_patience": "stop after this many evaluations without a better --validation_file metric "
@@ -367,7 +369,7 @@ def _run_embed(args) -> None:
                                               bf16=args.bf16)
     sentences = read_sentences(args.input)
     vectors = encoder.encode(sentences, batch_size=args.batch_size, normalize=args.normalize,
-                             truncation=args.truncation, stride=args.stride)
+                             truncation=args.truncation, stride=args.stride, dimensions=args.dimensions)
     np.save(args.output, vectors)
     _report(args, {}, f"{len(sentences):,} sentences -> {args.output} ({vectors.shape[0]} x {vectors.shape[1]}, "
                       "float32)")
@@ -380,7 +382,7 @@ def _run_eval_sts(args) -> None:
 
     encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
     pairs = read_sts(args.file, args.sentence1_column, args.sentence2_column, args.score_column)
-    _report(args, evaluate_sts(encoder, *pairs, batch_size=args.batch_size))
+    _report(args, evaluate_sts(encoder, *pairs, batch_size=args.batch_size, dimensions=args.dimensions))
 
 
 def _run_eval_retrieval(args) -> None:
@@ -389,7 +391,7 @@ def _run_eval_retrieval(args) -> None:
 
     encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
     _report(args, evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size,
-                                     truncation=args.truncation, stride=args.stride))
+                                     truncation=args.truncation, stride=args.stride, dimensions=args.dimensions))
 
 
 def _add_model(parser: argparse.ArgumentParser, what: str) -> None:
@@ -418,6 +420,12 @@ def _add_inference_precision(parser: argparse.ArgumentParser) -> None:
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--int8", action="store_true", help=_HELP["int8"])
     choice.add_argument("--bf16", action="store_true", help=_HELP["bf16_inference"])
+
+
+def _add_dimensions(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dimensions", type=int, default=None,
+                        help="keep the leading N dimensions of each vector, renormalised (a model trained with "
+                             "--matryoshka_dims; default: all)")
 
 
 def _add_truncation(parser: argparse.ArgumentParser, limit: str) -> None:
@@ -498,6 +506,7 @@ def _add_inference_commands(commands) -> None:
                        help="tokens per window (default: the directory's max_seq_length)")
     _add_truncation(embed, "max_seq_length")
     _add_inference_precision(embed)
+    _add_dimensions(embed)
     embed.set_defaults(run=_run_embed)
 
     fill = commands.add_parser("fill-mask", help="top-k fillers for each [MASK] in the text(s)")
@@ -563,6 +572,7 @@ def _add_eval_embeddings(eval_commands) -> None:
     sts.add_argument("--batch_size", type=int, default=64, help="sentences per forward pass (default 64)")
     sts.add_argument("--json", action="store_true", help=_JSON_HELP)
     _add_inference_precision(sts)
+    _add_dimensions(sts)
     sts.set_defaults(run=_run_eval_sts)
     retrieval = eval_commands.add_parser("retrieval", help="BEIR-style retrieval: nDCG@10, recall@100, MRR@10")
     _add_model(retrieval, "a sentence-transformers or HF encoder directory")
@@ -573,6 +583,7 @@ def _add_eval_embeddings(eval_commands) -> None:
     retrieval.add_argument("--json", action="store_true", help=_JSON_HELP)
     _add_truncation(retrieval, "the model's max_seq_length")
     _add_inference_precision(retrieval)
+    _add_dimensions(retrieval)
     retrieval.set_defaults(run=_run_eval_retrieval)
 
 

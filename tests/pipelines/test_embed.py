@@ -206,7 +206,14 @@ def test_embed_command(tmp_path, minilm_dir):
     done = subprocess.run(run + ["--bf16", "--int8"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
     done = subprocess.run(run + ["--no_normalize"], capture_output=True, text=True, timeout=120)
-    assert not np.allclose(np.linalg.norm(np.load(out), axis=1), 1, atol=1e-3)
+    raw = np.load(out)
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1, atol=1e-3)
+    done = subprocess.run(run + ["--dimensions", "128"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    prefix = raw[:, :128] / np.linalg.norm(raw[:, :128], axis=1, keepdims=True)  # the leading 128, renormalised
+    assert np.abs(np.load(out) - prefix).max() < 1e-6
+    done = subprocess.run(run + ["--dimensions", "500"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "dimensions must be between 1 and the model's 384, got 500" in done.stderr
     sentences.write_text("one\n\nthree\n")
     done = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "sentences.txt:2: empty line" in done.stderr

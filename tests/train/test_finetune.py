@@ -318,30 +318,53 @@ def test_embed_in_batch_negatives_on_unscored_pairs(tmp_path, encoder_dir):
     assert (tmp_path / "mnrl" / "modules.json").exists() and result["step"] == 26
 
 
-def test_embed_learns_from_hard_negatives_in_triplets(tmp_path, encoder_dir):
-    """(anchor, positive, negative) rows whose negative differs from the positive by the verb alone: after
-    training, each anchor is nearer its positive than its hard negative far more often than before."""
-    rng = random.Random(5)
+def _triplets(path, seed: int = 5) -> list[dict]:
+    """(anchor, positive, negative) rows: the positive names the anchor verb's partner (an arbitrary pairing to
+    learn), the hard negative another verb, the anchor's own verb included; nothing else tells them apart."""
+    rng, verbs = random.Random(seed), POSITIVE + NEGATIVE
+    partner = {verb: verbs[(i + 3) % len(verbs)] for i, verb in enumerate(verbs)}
     rows = []
     for _ in range(240):
-        verb, other = rng.sample(POSITIVE + NEGATIVE, 2)
-        name = rng.choice(NAMES)
-        rows.append({"anchor": f"{name} {verb} the letter", "positive": f"the letter {verb} by {name}",
+        verb, name = rng.choice(verbs), rng.choice(NAMES)
+        other = rng.choice([v for v in verbs if v != partner[verb]])
+        rows.append({"anchor": f"{name} {verb} the letter", "positive": f"the letter {partner[verb]} by {name}",
                      "negative": f"the letter {other} by {name}"})
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return rows
+
+
+def _ranked_right(model_dir, rows, dimensions=None) -> float:
+    """How often an anchor is nearer its positive than its hard negative."""
+    encoder = SentenceEncoder.from_pretrained(model_dir)
+    a, p, n = (encoder.encode([r[c] for r in rows], normalize=True, dimensions=dimensions)
+               for c in ("anchor", "positive", "negative"))
+    return float(((a * p).sum(1) > (a * n).sum(1)).mean())
+
+
+def test_embed_learns_from_hard_negatives_in_triplets(tmp_path, encoder_dir):
+    """After training on the triplets, each anchor is nearer its positive than its hard negative far more often."""
     triplets = tmp_path / "triplets.jsonl"
-    triplets.write_text("".join(json.dumps(row) + "\n" for row in rows))
-
-    def ranked_right(model_dir) -> float:
-        encoder = SentenceEncoder.from_pretrained(model_dir)
-        a, p, n = (encoder.encode([r[c] for r in rows[:60]]) for c in ("anchor", "positive", "negative"))
-        return float(((a * p).sum(1) > (a * n).sum(1)).mean())
-
-    before = ranked_right(encoder_dir)
+    rows = _triplets(triplets)
+    before = _ranked_right(encoder_dir, rows)
     finetune(FinetuneArgs(task="embed", model=str(encoder_dir), train_file=str(triplets),
                           output_dir=str(tmp_path / "hard"), learning_rate=1e-3, num_train_epochs=3,
-                          per_device_train_batch_size=16, show_progress=False))
-    after = ranked_right(tmp_path / "hard")  # 1.0 from 0.63-0.78 over four data and training seeds
-    assert after >= 0.95 and after > before + 0.15, (before, after)
+                          per_device_train_batch_size=16, show_progress=False, seed=0))
+    after = _ranked_right(tmp_path / "hard", rows)  # 0.92-0.96 from 0.40-0.51 over four data and training seeds
+    assert after >= 0.85 and after > before + 0.3, (before, after)
+
+
+def test_matryoshka_dims_make_the_leading_dimensions_rank(tmp_path, encoder_dir):
+    """Trained with --matryoshka_dims 64,16,8,4, the first 4 dimensions alone rank the triplets far better than
+    those of a model trained at full width only (by 0.067-0.092 over three seeds, 0.875-0.908 against 0.81-0.83)."""
+    triplets = tmp_path / "triplets.jsonl"
+    rows = _triplets(triplets, seed=0)
+    common = dict(task="embed", model=str(encoder_dir), train_file=str(triplets), learning_rate=1e-3,
+                  num_train_epochs=3, per_device_train_batch_size=16, show_progress=False, seed=0)
+    finetune(FinetuneArgs(output_dir=str(tmp_path / "plain"), **common))
+    finetune(FinetuneArgs(output_dir=str(tmp_path / "nested"), matryoshka_dims="64,16,8,4", **common))
+    plain, nested = (_ranked_right(tmp_path / name, rows, dimensions=4) for name in ("plain", "nested"))
+    assert nested >= 0.85 and nested >= plain + 0.04, (plain, nested)
+    assert _ranked_right(tmp_path / "nested", rows) >= 0.85  # the full vector still ranks
 
 
 def test_max_train_and_eval_samples_take_the_first_examples(tmp_path, encoder_dir):

@@ -43,6 +43,18 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch
     raise UsageError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
 
 
+def truncate_dimensions(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """(N, H) -> (N, dimensions): the leading `dimensions` of each vector (Matryoshka), L2-normalised again when
+    `normalize` (a unit vector's prefix is not a unit vector)."""
+    if dimensions is not None:
+        if not 1 <= dimensions <= vectors.shape[1]:
+            raise UsageError(f"dimensions must be between 1 and the model's {vectors.shape[1]}, got {dimensions}")
+        vectors = vectors[:, :dimensions]
+    if normalize:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return vectors
+
+
 def _read_json(path: Path) -> dict | list:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -139,17 +151,19 @@ class SentenceEncoder:
         return self.tokenizer.encode_batch(check_texts(sentences, "sentence"))
 
     def encode(self, sentences: Sequence[str], batch_size: int = 32, normalize: bool | None = None,
-               show_progress: bool | None = None, truncation: str = "chunk", stride: int | None = None) -> np.ndarray:
+               show_progress: bool | None = None, truncation: str = "chunk", stride: int | None = None,
+               dimensions: int | None = None) -> np.ndarray:
         """(N, H) float32 embeddings, in input order. Batches are formed by token length, so little is padded.
 
         A sentence longer than max_seq_length is embedded as the mean of its windows' vectors (`truncation="chunk"`),
         cut to its first window with a warning ("truncate", what sentence-transformers does silently), or refused
-        ("error")."""
-        return self.encode_tokens(self.tokenize(sentences), batch_size, normalize, show_progress, truncation, stride)
+        ("error"). `dimensions` keeps the leading ones of each vector (a Matryoshka-trained model), renormalised."""
+        return self.encode_tokens(self.tokenize(sentences), batch_size, normalize, show_progress, truncation, stride,
+                                  dimensions)
 
     def encode_tokens(self, encodings: Sequence[Encoding], batch_size: int = 32, normalize: bool | None = None,
                       show_progress: bool | None = None, truncation: str = "chunk",
-                      stride: int | None = None) -> np.ndarray:
+                      stride: int | None = None, dimensions: int | None = None) -> np.ndarray:
         """`encode` for texts tokenized already (`tokenize`, or the server's encodings)."""
         windows = make_windows([(e.ids, e.type_ids) for e in encodings], self.max_seq_length, truncation, stride)
 
@@ -162,9 +176,7 @@ class SentenceEncoder:
                                        batch_size, show_progress=show))
         if len(windows) > len(encodings):  # some sentences were read in several windows
             vectors = mean_by_owner(vectors, windows.owner, len(encodings))
-        if self.normalize if normalize is None else normalize:
-            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return vectors
+        return truncate_dimensions(vectors, dimensions, self.normalize if normalize is None else normalize)
 
     def token_vectors(self, encodings: Sequence[Encoding], batch_size: int = 32) -> list[np.ndarray]:
         """The encoder's last hidden state of every token (special tokens included), one (T, H) array per input

@@ -23,7 +23,7 @@ from unmask.errors import CheckpointError, UnmaskError, UsageError
 from unmask.heads import SERVED_TASK, head_of
 from unmask.hub import read_config
 from unmask.pipelines.classify import window_logits
-from unmask.pipelines.embed import SentenceEncoder
+from unmask.pipelines.embed import SentenceEncoder, truncate_dimensions
 from unmask.pipelines.fill_mask import fill_mask_tokens
 from unmask.pipelines.sparse import splade_vectors
 from unmask.pipelines.tag import entities_of
@@ -242,14 +242,11 @@ class ServedModel:
 
 
 def matryoshka(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
-    """(N, H) -> (N, dimensions): the first `dimensions` of each vector, then L2-normalised when asked."""
-    if dimensions is not None:
-        if not 1 <= dimensions <= vectors.shape[1]:
-            raise ServeError(422, f"dimensions must be between 1 and the model's {vectors.shape[1]}, got {dimensions}")
-        vectors = vectors[:, :dimensions]
-    if normalize:
-        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    return vectors
+    """`truncate_dimensions`, a dimension out of range answered 422."""
+    try:
+        return truncate_dimensions(vectors, dimensions, normalize)
+    except UsageError as e:
+        raise ServeError(422, str(e)) from e
 
 
 def _last_match(pattern: re.Pattern, text: str, before: int) -> int | None:

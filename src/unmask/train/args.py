@@ -3,6 +3,7 @@ made. Plain dataclasses, free of torch, so that `unmask <command> --help` answer
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from unmask.errors import UsageError
@@ -155,6 +156,7 @@ class FinetuneArgs(TrainingArgs):
     early_stopping_patience: int | None = None
     max_train_samples: int | None = None  # the first N training examples
     max_eval_samples: int | None = None  # the first N validation examples
+    matryoshka_dims: str | None = None  # embed: "384,256,128,64", the loss added at each leading dimension
     # fine-tuning defaults differ from pretraining's
     learning_rate: float = 5e-5
     adam_beta2: float = 0.999
@@ -163,6 +165,11 @@ class FinetuneArgs(TrainingArgs):
     max_steps: int = 0  # 0: num_train_epochs over the training data
     logging_steps: int = 50
 
+    @property
+    def dimensions(self) -> list[int]:
+        """--matryoshka_dims as numbers (empty: the full vector only)."""
+        return [int(d) for d in self.matryoshka_dims.split(",")] if self.matryoshka_dims else []
+
     def __post_init__(self):
         if self.task not in FINETUNE_TASKS:
             raise UsageError(f"task must be one of {', '.join(FINETUNE_TASKS)}, got {self.task!r}")
@@ -170,6 +177,10 @@ class FinetuneArgs(TrainingArgs):
             raise UsageError("give --num_train_epochs or --max_steps")
         if not 0 <= self.warmup_ratio < 1:
             raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.matryoshka_dims is not None and (self.task != "embed" or not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*",
+                                                                                    self.matryoshka_dims)):
+            raise UsageError("--matryoshka_dims is for finetune embed: dimensions separated by commas, e.g. "
+                             f"384,256,128,64; got {self.matryoshka_dims!r}")
         for name in ("max_train_samples", "max_eval_samples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")

@@ -90,10 +90,11 @@ def evaluate_electra(model: ElectraPretrainer, dataset: PackedDataset, tokenizer
             "rtd_recall": sums["found"] / max(1, sums["replaced"]), "tokens": int(sums["tokens"])}
 
 
-def evaluate_sts(encoder, first: list[str], second: list[str], scores: np.ndarray, batch_size: int = 64) -> dict:
-    """Cosine similarity of the two sentences' embeddings against the gold scores."""
+def evaluate_sts(encoder, first: list[str], second: list[str], scores: np.ndarray, batch_size: int = 64,
+                 dimensions: int | None = None) -> dict:
+    """Cosine similarity of the two sentences' embeddings (their leading `dimensions`) against the gold scores."""
     unique = list(dict.fromkeys(first + second))  # encode each distinct sentence once
-    vectors = encoder.encode(unique, batch_size=batch_size, normalize=True)
+    vectors = encoder.encode(unique, batch_size=batch_size, normalize=True, dimensions=dimensions)
     index = {s: i for i, s in enumerate(unique)}
     a = vectors[[index[s] for s in first]]
     b = vectors[[index[s] for s in second]]
@@ -113,12 +114,13 @@ def exact_search(query_vectors: np.ndarray, doc_vectors: np.ndarray, k: int = 10
 
 
 def evaluate_retrieval(encoder, corpus, queries, qrels, batch_size: int = 64, truncation: str = "chunk",
-                       stride: int | None = None) -> dict:
-    """nDCG@10, recall@100 and MRR@10 of exact search; documents longer than max_seq_length are embedded as the mean
-    of their windows (`truncation="truncate"` cuts them, as sentence-transformers does)."""
+                       stride: int | None = None, dimensions: int | None = None) -> dict:
+    """nDCG@10, recall@100 and MRR@10 of exact search (on the vectors' leading `dimensions`); documents longer than
+    max_seq_length are embedded as the mean of their windows (`truncation="truncate"` cuts them, as
+    sentence-transformers does)."""
     doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(corpus, queries, qrels)
-    doc_vectors = encoder.encode(doc_texts, batch_size=batch_size, truncation=truncation, stride=stride)
-    query_vectors = encoder.encode(query_texts, batch_size=batch_size, truncation=truncation, stride=stride)
+    options = {"batch_size": batch_size, "truncation": truncation, "stride": stride, "dimensions": dimensions}
+    doc_vectors, query_vectors = encoder.encode(doc_texts, **options), encoder.encode(query_texts, **options)
     top = exact_search(query_vectors, doc_vectors, k=100)
     ranked = [[doc_ids[j] for j in row] for row in top]
     return retrieval_metrics(ranked, query_ids, relevance)

@@ -18,7 +18,7 @@ import torch
 from unmask import models
 from unmask.data.labelled import LabelledFormat, first_examples, load_pairs, load_task_data
 from unmask.data.readers import is_sts_release, read_sts
-from unmask.errors import DataError
+from unmask.errors import DataError, UsageError
 from unmask.heads import TASK_HEADS
 from unmask.io import atomic_write_text
 from unmask.objectives.contrastive import cosent_loss, duplicate_positives, multiple_negatives_ranking_loss
@@ -45,11 +45,16 @@ class BiEncoder(torch.nn.Module):
 
     base_model_prefix = "bert"
 
-    def __init__(self, encoder: SentenceEncoder):
+    def __init__(self, encoder: SentenceEncoder, matryoshka_dims: list[int] | None = None):
         super().__init__()
         self.encoder = encoder
         self.bert = encoder.model  # registered here, so optimiser, DDP and checkpoints see the encoder's weights
         self.config = encoder.model.config
+        width = self.config.hidden_size
+        if any(d > width for d in matryoshka_dims or []):
+            raise UsageError(f"--matryoshka_dims {','.join(map(str, matryoshka_dims))}: the model's vectors have "
+                             f"{width} dimensions")
+        self.dims = matryoshka_dims or [width]  # the loss at each leading dimension, summed (Matryoshka)
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return pool(self.bert(input_ids, attention_mask).last_hidden_state, attention_mask, self.encoder.pooling)
@@ -57,11 +62,14 @@ class BiEncoder(torch.nn.Module):
     def forward(self, input_ids, attention_mask, input_ids_b, attention_mask_b, labels) -> _LossOutput:
         a = self.embed(input_ids, attention_mask)  # (B, H)
         if labels.is_floating_point():  # scored pairs: (B, T) each
-            return _LossOutput(cosent_loss(a, self.embed(input_ids_b, attention_mask_b), labels))
+            b = self.embed(input_ids_b, attention_mask_b)
+            return _LossOutput(sum(cosent_loss(a[:, :d], b[:, :d], labels) for d in self.dims))
         B, n, T = input_ids_b.shape  # (B, 1 + k, T): the positives, then each column of negatives
         candidate_ids = input_ids_b.transpose(0, 1).reshape(B * n, T)
         candidates = self.embed(candidate_ids, attention_mask_b.transpose(0, 1).reshape(B * n, T))  # (C, H)
-        return _LossOutput(multiple_negatives_ranking_loss(a, candidates, duplicate_positives(candidate_ids, B)))
+        duplicates = duplicate_positives(candidate_ids, B)
+        return _LossOutput(sum(multiple_negatives_ranking_loss(a[:, :d], candidates[:, :d], duplicates)
+                               for d in self.dims))
 
     def save_pretrained(self, output_dir, tokenizer=None) -> Path:
         return self.encoder.save_pretrained(output_dir)
@@ -75,14 +83,15 @@ def _embed_setup(args: FinetuneArgs, tokenizer):
     """(bi-encoder to train, training pairs, evaluate) for the embed task; validation is an STS file."""
     encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length)
     train = first_examples(load_pairs(labelled_format(args), tokenizer, args.train_file), args.max_train_samples)
+    model = BiEncoder(encoder, args.dimensions)
     if not args.validation_file:
-        return BiEncoder(encoder), train, None
+        return model, train, None
     valid = [part[: args.max_eval_samples] for part in read_sts(args.validation_file)]
 
     def evaluate() -> dict:  # encode() runs the model in eval mode and puts it back in training mode
         return evaluate_sts(encoder, *valid, batch_size=args.per_device_eval_batch_size)
 
-    return BiEncoder(encoder), train, evaluate
+    return model, train, evaluate
 
 
 def best_metric(args: FinetuneArgs) -> str:
