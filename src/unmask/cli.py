@@ -134,6 +134,8 @@ _HELP = {
     "text_pair_column": "pair: the column of the second text (default sentence2)",
     "label_column": "the column of the label (or score)",
     "regression": "classify / pair: predict a number (one output, mean squared error) instead of a label",
+    "labels": "classify / pair / tag: every label, in id order, separated by commas (default: those of the "
+              "training file, which must all occur in the validation file)",
     "matryoshka_dims": "embed: add the loss at each of these leading dimensions, truncated and renormalised "
                        "(Matryoshka), e.g. 384,256,128,64",
     "label_scale": "regression: targets are divided by this (STS-B's 0-5 scores: 5)",

@@ -29,3 +29,14 @@ def test_a_table_is_read_by_its_delimiter_and_a_wrong_one_is_named(tmp_path):
     with pytest.raises(DataError, match=r"b.tsv: read as tab-separated \(by its name\), but its header is one column "
                                         r"'x,y'; name it .csv"):
         read_table(tmp_path / "b.tsv")
+
+
+def test_tables_follow_the_csv_quoting_rules_and_refuse_surplus_fields(tmp_path):
+    quoted = tmp_path / "quoted.tsv"
+    quoted.write_text('sentence\tlabel\n"a tab\there, and ""quotes"""\t1\nplain "inner" quotes\t0\n')
+    assert read_table(quoted) == [{"sentence": 'a tab\there, and "quotes"', "label": "1"},
+                                  {"sentence": 'plain "inner" quotes', "label": "0"}]
+    surplus = tmp_path / "surplus.csv"
+    surplus.write_text("sentence,label\ngood film,1\nbad, really bad film,0\n")
+    with pytest.raises(DataError, match=r"surplus.csv:3: 3 fields, the header has 2; quote a field that holds"):
+        read_table(surplus)

@@ -367,6 +367,24 @@ def test_matryoshka_dims_make_the_leading_dimensions_rank(tmp_path, encoder_dir)
     assert _ranked_right(tmp_path / "nested", rows) >= 0.85  # the full vector still ranks
 
 
+def test_a_label_only_in_the_training_file_is_refused_unless_listed(tmp_path, encoder_dir):
+    """A stray header line inside the training file ("label") would make a third class: refused, named; --labels
+    lists the classes, and then that row is the error."""
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(40, 0) + [("sentence", "label")])
+    valid = write_tsv(tmp_path / "valid.tsv", sentiment_rows(20, 1))
+    common = dict(task="classify", model=str(encoder_dir), train_file=str(train), validation_file=str(valid),
+                  output_dir=str(tmp_path / "out"), num_train_epochs=1, show_progress=False)
+    with pytest.raises(DataError, match=r"label\(s\) 'label' occur in the training file but never in .*valid.tsv, "
+                                        r"so the model would get 3 classes"):
+        finetune(FinetuneArgs(**common))
+    with pytest.raises(DataError, match=r"row 41 has label 'label', which the model does not know"):
+        finetune(FinetuneArgs(labels="neg,pos", **common))
+    write_tsv(train, sentiment_rows(40, 0))
+    result = finetune(FinetuneArgs(labels="pos,neg,neutral", **common))  # a class the data lacks, on purpose
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["id2label"] == {"0": "pos", "1": "neg", "2": "neutral"} and result["step"] >= 1
+
+
 def test_max_train_and_eval_samples_take_the_first_examples(tmp_path, encoder_dir):
     train = write_tsv(tmp_path / "train.tsv", sentiment_rows(100, 0))
     valid = write_tsv(tmp_path / "valid.tsv", sentiment_rows(50, 1))

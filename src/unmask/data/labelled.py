@@ -295,6 +295,13 @@ def _tuples(rows: list[dict], path) -> tuple[list[str], list[str], list[list[str
             [[r[name] for name in negative_columns] for r in rows])
 
 
+def labels_seen(data) -> set[int]:
+    """The label ids that occur in a ClassificationData or TaggingData."""
+    if isinstance(data, TaggingData):
+        return {label for row in data.labels for label in row if label != IGNORE_INDEX}
+    return set(data.labels)
+
+
 def first_examples(data, n: int | None):
     """The first `n` examples of a ClassificationData, TaggingData or PairData (every per-example list cut alike);
     all of them when `n` is None (transformers' --max_train_samples / --max_eval_samples)."""

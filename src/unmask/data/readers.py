@@ -31,9 +31,7 @@ def read_table(path: str | Path) -> list[dict[str, str]]:
     else:
         lines = _read_lines(path)
         delimiter = _delimiter(name, lines[0])
-        # QUOTE_NONE for TSV: SST-2 sentences contain bare quotes
-        quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
-        rows = list(csv.DictReader(lines, delimiter=delimiter, quoting=quoting))
+        rows = _csv_rows(path, lines, delimiter)  # the csv module's quoting: a quoted field may hold the delimiter
         header = list(rows[0]) if rows else lines[0].split(delimiter)
         other = "\t" if delimiter == "," else ","
         if len(header) == 1 and other in header[0]:
@@ -42,6 +40,19 @@ def read_table(path: str | Path) -> list[dict[str, str]]:
                             f"{header[0][:80]!r}; name it .{'tsv' if delimiter == ',' else 'csv'} or convert it")
     if not rows:
         raise DataError(f"{path}: no examples")
+    return rows
+
+
+def _csv_rows(path: Path, lines: list[str], delimiter: str) -> list[dict[str, str]]:
+    """The rows under the header; a row with more fields than the header is an error naming its line."""
+    reader = csv.DictReader(lines, delimiter=delimiter)
+    rows = []
+    for row in reader:
+        if None in row:  # DictReader files the surplus fields under None
+            raise DataError(f"{path}:{reader.line_num}: {len(reader.fieldnames) + len(row[None])} fields, the header "
+                            f"has {len(reader.fieldnames)}; quote a field that holds the delimiter "
+                            f"({delimiter!r})")
+        rows.append(row)
     return rows
 
 

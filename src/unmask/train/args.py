@@ -156,6 +156,7 @@ class FinetuneArgs(TrainingArgs):
     early_stopping_patience: int | None = None
     max_train_samples: int | None = None  # the first N training examples
     max_eval_samples: int | None = None  # the first N validation examples
+    labels: str | None = None  # classify / pair / tag: "neg,pos", every label in id order (default: the train file)
     matryoshka_dims: str | None = None  # embed: "384,256,128,64", the loss added at each leading dimension
     # fine-tuning defaults differ from pretraining's
     learning_rate: float = 5e-5
@@ -181,6 +182,11 @@ class FinetuneArgs(TrainingArgs):
                                                                                     self.matryoshka_dims)):
             raise UsageError("--matryoshka_dims is for finetune embed: dimensions separated by commas, e.g. "
                              f"384,256,128,64; got {self.matryoshka_dims!r}")
+        names = self.labels.split(",") if self.labels is not None else []
+        if self.labels is not None and (self.task == "embed" or self.regression or not all(n.strip() for n in names)
+                                        or len(set(names)) != len(names)):
+            raise UsageError("--labels lists every label of a classify / pair / tag task once, separated by commas "
+                             f"(e.g. neg,pos); got {self.labels!r}")
         for name in ("max_train_samples", "max_eval_samples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")

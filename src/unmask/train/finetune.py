@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from unmask import models
-from unmask.data.labelled import LabelledFormat, first_examples, load_pairs, load_task_data
+from unmask.data.labelled import LabelledFormat, first_examples, labels_seen, load_pairs, load_task_data
 from unmask.data.readers import is_sts_release, read_sts
 from unmask.errors import DataError, UsageError
 from unmask.heads import TASK_HEADS
@@ -108,9 +108,16 @@ def _head_setup(args: FinetuneArgs, tokenizer):
         raise DataError(f"{args.train_file}: STS Benchmark scores are numbers; add --regression (and "
                         "--label_scale 5)")
     spec = labelled_format(args)
-    train, label2id = load_task_data(spec, tokenizer, args.train_file, None)  # labels from the whole file
+    given = {name: i for i, name in enumerate(args.labels.split(","))} if args.labels else None
+    train, label2id = load_task_data(spec, tokenizer, args.train_file, given)  # else: labels from the whole file
     train = first_examples(train, args.max_train_samples)
     valid = load_task_data(spec, tokenizer, args.validation_file, label2id)[0] if args.validation_file else None
+    if valid is not None and not args.regression and given is None:
+        unseen = [name for name, i in label2id.items() if i not in labels_seen(valid)]
+        if unseen:
+            raise DataError(f"{args.train_file}: label(s) {', '.join(map(repr, unseen))} occur in the training file "
+                            f"but never in {args.validation_file}, so the model would get {len(label2id)} classes; "
+                            "fix the file, or give every label with --labels")
     valid = first_examples(valid, args.max_eval_samples) if valid is not None else None
     if train.truncated or (valid is not None and valid.truncated):
         print(f"note: {train.truncated} training and {valid.truncated if valid else 0} validation examples are "
