@@ -136,6 +136,10 @@ _HELP = {
     "regression": "classify / pair: predict a number (one output, mean squared error) instead of a label",
     "labels": "classify / pair / tag: every label, in id order, separated by commas (default: those of the "
               "training file, which must all occur in the validation file)",
+    "corpus": "embed: a BEIR corpus.jsonl (_id, title, text) to train on, with --queries and --qrels (instead of "
+              "--train_file)",
+    "queries": "embed: BEIR queries.jsonl (_id, text)",
+    "qrels": "embed: BEIR qrels TSV (query-id, corpus-id, score): each judged pair (score > 0) is a training pair",
     "matryoshka_dims": "embed: add the loss at each of these leading dimensions, truncated and renormalised "
                        "(Matryoshka), e.g. 384,256,128,64",
     "label_scale": "regression: targets are divided by this (STS-B's 0-5 scores: 5)",

@@ -14,12 +14,13 @@ class _Lines:
     """A file for tqdm that turns each redraw into one line."""
 
     def __init__(self, stream):
-        self.stream = stream
+        self.stream, self.last = stream, None
 
     def write(self, text: str) -> None:
         line = text.replace("\r", "").rstrip()
-        if line:
+        if line and line != self.last:  # closing redraws the final state once more
             self.stream.write(line + "\n")
+            self.last = line
 
     def flush(self) -> None:
         self.stream.flush()

@@ -18,7 +18,7 @@ from unmask.data.labelled import (
     encode_texts,
     tag_label_map,
 )
-from unmask.errors import DataError
+from unmask.errors import DataError, UsageError
 from unmask.models.bert import (
     BertForSequenceClassification,
     BertForTokenClassification,
@@ -365,6 +365,26 @@ def test_matryoshka_dims_make_the_leading_dimensions_rank(tmp_path, encoder_dir)
     plain, nested = (_ranked_right(tmp_path / name, rows, dimensions=4) for name in ("plain", "nested"))
     assert nested >= 0.85 and nested >= plain + 0.04, (plain, nested)
     assert _ranked_right(tmp_path / "nested", rows) >= 0.85  # the full vector still ranks
+
+
+def test_embed_trains_on_a_beir_training_set_and_names_its_faults(tmp_path, encoder_dir):
+    from unmask.example_data import write_example_data
+
+    write_example_data(tmp_path / "data")
+    beir = {name: str(tmp_path / "data" / "scifact" / file) for name, file in
+            (("corpus", "corpus.jsonl"), ("queries", "queries.train.jsonl"), ("qrels", "qrels/train.tsv"))}
+    result = finetune(FinetuneArgs(task="embed", model=str(encoder_dir), output_dir=str(tmp_path / "beir"),
+                                   learning_rate=1e-3, num_train_epochs=2, per_device_train_batch_size=16,
+                                   max_seq_length=64, logging_steps=1, show_progress=False, **beir))
+    rows = [json.loads(line) for line in (tmp_path / "beir" / "metrics.jsonl").read_text().splitlines()]
+    assert result["step"] == 10 and rows[-1]["loss"] < rows[0]["loss"]  # 67 judged pairs, 16 a step, 2 epochs
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\n0\t1000\t1\n999\t1000\t1\n")
+    with pytest.raises(DataError, match=r"qrels.tsv: 1 judged query id\(s\) are not in .*queries.train.jsonl"):
+        finetune(FinetuneArgs(task="embed", model=str(encoder_dir), output_dir=str(tmp_path / "bad"),
+                              show_progress=False, **{**beir, "qrels": str(qrels)}))
+    with pytest.raises(UsageError, match="--corpus, --queries and --qrels together"):
+        FinetuneArgs(task="embed", model=str(encoder_dir), output_dir="x", corpus=beir["corpus"])
 
 
 def test_a_label_only_in_the_training_file_is_refused_unless_listed(tmp_path, encoder_dir):

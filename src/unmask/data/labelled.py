@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from unmask.data.collate import pad_batch
-from unmask.data.readers import column, is_sts_release, read_conll, read_sts, read_table
+from unmask.data.readers import column, is_sts_release, read_beir, read_conll, read_sts, read_table
 from unmask.errors import DataError
 from unmask.models.outputs import IGNORE_INDEX
 
@@ -273,13 +273,34 @@ def load_pairs(spec: LabelledFormat, tokenizer, path: str):
                       else None)
 
     def ids(texts):
-        return [e.ids if len(e.ids) <= spec.max_seq_length else e.ids[: spec.max_seq_length - 1] + e.ids[-1:]
-                for e in tokenizer.encode_batch(texts)]
+        return _piece_ids(tokenizer, texts, spec.max_seq_length)
 
     if negatives is not None:
         columns = [ids([row[c] for row in negatives]) for c in range(len(negatives[0]))]
         negatives = [list(example) for example in zip(*columns)] if columns else None
     return PairData(ids(first), ids(second), scores, negatives)
+
+
+def load_beir_pairs(spec: LabelledFormat, tokenizer, corpus: str, queries: str, qrels: str) -> PairData:
+    """(query, document) pairs for every judgement above 0 of a BEIR training set (title and text joined, as BEIR
+    does): multiple-negatives ranking, the other documents of a batch its negatives."""
+    doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(corpus, queries, qrels)
+    text_of = dict(zip(doc_ids, doc_texts))
+    pairs = [(query, text_of[doc]) for qid, query in zip(query_ids, query_texts)
+             for doc, score in relevance[qid].items() if score > 0]
+    empty = next((doc for qid in query_ids for doc in relevance[qid] if not text_of[doc].strip()), None)
+    if empty is not None:
+        raise DataError(f"{corpus}: document {empty!r} is judged relevant in {qrels} but has no title or text")
+    if not pairs:
+        raise DataError(f"{qrels}: no judgement above 0, so no training pair")
+    return PairData(_piece_ids(tokenizer, [q for q, _ in pairs], spec.max_seq_length),
+                    _piece_ids(tokenizer, [d for _, d in pairs], spec.max_seq_length), None)
+
+
+def _piece_ids(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    """Each text's ids, cut to `max_length` with its final [SEP] kept."""
+    return [e.ids if len(e.ids) <= max_length else e.ids[: max_length - 1] + e.ids[-1:]
+            for e in tokenizer.encode_batch(texts)]
 
 
 def _tuples(rows: list[dict], path) -> tuple[list[str], list[str], list[list[str]]]:

@@ -167,7 +167,11 @@ def read_beir(corpus: str | Path, queries: str | Path, qrels: str | Path):
     unknown = {d for rel in relevance.values() for d in rel} - known
     if unknown:
         raise DataError(f"{qrels}: {len(unknown)} judged document(s) are not in {corpus} (e.g. {sorted(unknown)[0]})")
-    queries_list = [q for q in _read_jsonl(Path(queries)) if str(q["_id"]) in relevance]
+    every_query = _read_jsonl(Path(queries))
+    unknown = set(relevance) - {str(q["_id"]) for q in every_query}
+    if unknown:
+        raise DataError(f"{qrels}: {len(unknown)} judged query id(s) are not in {queries} (e.g. {sorted(unknown)[0]})")
+    queries_list = [q for q in every_query if str(q["_id"]) in relevance]
     if not queries_list:
         raise DataError(f"{queries}: no query has a judgement in {qrels}")
     return doc_ids, doc_texts, [str(q["_id"]) for q in queries_list], [q["text"] for q in queries_list], relevance

@@ -143,7 +143,10 @@ class PretrainArgs(TrainingArgs):
 class FinetuneArgs(TrainingArgs):
     task: str
     model: str  # any encoder directory: ours, or a transformers / sentence-transformers one
-    train_file: str
+    train_file: str | None = None  # or, for embed, a BEIR training set: corpus, queries, qrels
+    corpus: str | None = None
+    queries: str | None = None
+    qrels: str | None = None
     validation_file: str | None = None
     text_column: str = "sentence"
     text_pair_column: str | None = None  # pair: the second text ("sentence2" when not given)
@@ -174,6 +177,10 @@ class FinetuneArgs(TrainingArgs):
     def __post_init__(self):
         if self.task not in FINETUNE_TASKS:
             raise UsageError(f"task must be one of {', '.join(FINETUNE_TASKS)}, got {self.task!r}")
+        beir = sum(path is not None for path in (self.corpus, self.queries, self.qrels))
+        if beir not in (0, 3) or (self.train_file is None) == (beir == 0) or (beir and self.task != "embed"):
+            raise UsageError("give --train_file, or (finetune embed) a BEIR training set: --corpus, --queries and "
+                             "--qrels together")
         if self.num_train_epochs <= 0 and self.max_steps <= 0:
             raise UsageError("give --num_train_epochs or --max_steps")
         if not 0 <= self.warmup_ratio < 1:

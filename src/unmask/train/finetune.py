@@ -16,7 +16,14 @@ from pathlib import Path
 import torch
 
 from unmask import models
-from unmask.data.labelled import LabelledFormat, first_examples, labels_seen, load_pairs, load_task_data
+from unmask.data.labelled import (
+    LabelledFormat,
+    first_examples,
+    labels_seen,
+    load_beir_pairs,
+    load_pairs,
+    load_task_data,
+)
 from unmask.data.readers import is_sts_release, read_sts
 from unmask.errors import DataError, UsageError
 from unmask.heads import TASK_HEADS
@@ -82,7 +89,10 @@ def labelled_format(args: FinetuneArgs) -> LabelledFormat:
 def _embed_setup(args: FinetuneArgs, tokenizer):
     """(bi-encoder to train, training pairs, evaluate) for the embed task; validation is an STS file."""
     encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length)
-    train = first_examples(load_pairs(labelled_format(args), tokenizer, args.train_file), args.max_train_samples)
+    spec = labelled_format(args)
+    train = (load_pairs(spec, tokenizer, args.train_file) if args.train_file else
+             load_beir_pairs(spec, tokenizer, args.corpus, args.queries, args.qrels))
+    train = first_examples(train, args.max_train_samples)
     model = BiEncoder(encoder, args.dimensions)
     if not args.validation_file:
         return model, train, None
