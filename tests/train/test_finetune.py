@@ -387,6 +387,25 @@ def test_embed_trains_on_a_beir_training_set_and_names_its_faults(tmp_path, enco
         FinetuneArgs(task="embed", model=str(encoder_dir), output_dir="x", corpus=beir["corpus"])
 
 
+def test_pair_trains_a_reranker_on_triplets(tmp_path, encoder_dir):
+    """finetune pair reads an (anchor, positive, negative...) file as pairs: (anchor, positive) relevant, (anchor,
+    negative) not. Here relevance shows in the document alone (a verb of one list or the other): it is learned."""
+    rng = random.Random(0)
+    rows = [{"anchor": f"{name} wrote the letter", "positive": f"the letter {rng.choice(POSITIVE)} by {name}",
+             "negative_1": f"the letter {rng.choice(NEGATIVE)} by {name}",
+             "negative_2": f"the letter {rng.choice(NEGATIVE)} by {rng.choice(NAMES)}"}
+            for name in (rng.choice(NAMES) for _ in range(120))]
+    triplets = tmp_path / "triplets.jsonl"
+    triplets.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = finetune(FinetuneArgs(task="pair", model=str(encoder_dir), train_file=str(triplets),
+                                   validation_file=str(triplets), output_dir=str(tmp_path / "rerank"),
+                                   learning_rate=2e-3, num_train_epochs=6, per_device_train_batch_size=16,
+                                   max_seq_length=64, show_progress=False))
+    config = json.loads((tmp_path / "rerank" / "config.json").read_text())
+    assert config["id2label"] == {"0": "0", "1": "1"} and result["eval_examples"] == 360  # 120 x (1 + 2)
+    assert result["eval_accuracy"] >= 0.9, result  # 1.0 over four data and training seeds
+
+
 def test_a_label_only_in_the_training_file_is_refused_unless_listed(tmp_path, encoder_dir):
     """A stray header line inside the training file ("label") would make a third class: refused, named; --labels
     lists the classes, and then that row is the error."""

@@ -231,6 +231,16 @@ def load_task_data(spec: LabelledFormat, tokenizer, path: str, label2id: dict | 
             return data, label2id
         if text_column == "sentence":
             text_column = "sentence1"
+        rows = read_table(path)
+        if "anchor" in rows[0] and not spec.regression:  # (anchor, positive, negative...): relevant 1, not 0
+            anchors, positives, negatives = _tuples(rows, path)
+            if not negatives[0]:
+                raise DataError(f"{path}: a cross-encoder learns from negatives too: add negative columns (an "
+                                "anchor / positive table trains finetune embed)")
+            pairs = [{"sentence1": a, "sentence2": p, "label": "1"} for a, p in zip(anchors, positives)]
+            pairs += [{"sentence1": a, "sentence2": n, "label": "0"} for a, ns in zip(anchors, negatives) for n in ns]
+            label2id = label2id or {"0": 0, "1": 1}
+            return _from_rows(spec, tokenizer, pairs, path, "sentence1", "sentence2", label2id), label2id
     if not spec.regression and label2id is None:
         label2id = build_label_map(column(read_table(path), spec.label_column, path))
         if len(label2id) < 2:
@@ -248,7 +258,7 @@ def _from_rows(spec, tokenizer, rows, path, first, second, label2id):
     if label2id is None:  # regression on the score
         labels = [float(r["label"]) / spec.label_scale for r in rows]
     else:
-        labels = [label2id[str(r["label"])] for r in rows]
+        labels = label_ids([r["label"] for r in rows], label2id, path)
     return ClassificationData(ids, types, labels, truncated)
 
 
