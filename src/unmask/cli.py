@@ -140,6 +140,8 @@ _HELP = {
               "--train_file)",
     "queries": "embed: BEIR queries.jsonl (_id, text)",
     "qrels": "embed: BEIR qrels TSV (query-id, corpus-id, score): each judged pair (score > 0) is a training pair",
+    "mini_batch_tokens": "embed: gradient caching (GradCache): any --per_device_train_batch_size at the memory of "
+                         "mini-batches of this many tokens, the same gradients (default: off)",
     "matryoshka_dims": "embed: add the loss at each of these leading dimensions, truncated and renormalised "
                        "(Matryoshka), e.g. 384,256,128,64",
     "label_scale": "regression: targets are divided by this (STS-B's 0-5 scores: 5)",

@@ -432,3 +432,40 @@ def test_max_train_and_eval_samples_take_the_first_examples(tmp_path, encoder_di
                                    per_device_train_batch_size=8, max_seq_length=32, max_train_samples=24,
                                    max_eval_samples=7, show_progress=False))
     assert result["step"] == 3 and result["eval_examples"] == 7  # 24 examples at 8 a step; 7 evaluated
+
+
+def test_gradient_caching_gives_the_uncached_gradients(tmp_path, encoder_dir, tokenizer):
+    """--mini_batch_tokens: the same loss and the same gradient on every weight (1e-5), from mini-batches of a
+    few rows each."""
+    from unmask.data.labelled import LabelledFormat, load_pairs
+    from unmask.train.finetune import BiEncoder
+    from unmask.train.gradcache import token_chunks
+
+    triplets = tmp_path / "triplets.jsonl"
+    _triplets(triplets)
+    batch = load_pairs(LabelledFormat(task="embed", max_seq_length=64), tokenizer, str(triplets)).collate(
+        list(range(24)), tokenizer.pad_token_id)
+    assert len(token_chunks(batch["attention_mask"], 40)) >= 6  # 24 anchors of ~7 tokens: 5 rows a mini-batch
+    results = []
+    for budget in (None, 40):
+        model = BiEncoder(SentenceEncoder.from_pretrained(encoder_dir), matryoshka_dims=[64, 16],
+                          mini_batch_tokens=budget).train()
+        loss = model(**batch).loss
+        loss.backward()
+        results.append((loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (plain_loss, plain), (cached_loss, cached) = results
+    assert cached_loss == pytest.approx(plain_loss, abs=1e-6) and plain.keys() == cached.keys() and len(plain) > 10
+    for name, grad in plain.items():
+        assert torch.allclose(cached[name], grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_a_cached_run_trains_as_the_uncached_one(tmp_path, encoder_dir):
+    triplets = tmp_path / "triplets.jsonl"
+    _triplets(triplets)
+    common = dict(task="embed", model=str(encoder_dir), train_file=str(triplets), learning_rate=1e-3,
+                  num_train_epochs=1, per_device_train_batch_size=48, logging_steps=1, show_progress=False)
+    for name, budget in (("plain", None), ("cached", 64)):
+        finetune(FinetuneArgs(output_dir=str(tmp_path / name), mini_batch_tokens=budget, **common))
+    plain, cached = ([json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+                     for name in ("plain", "cached"))
+    assert len(plain) == 5 and cached == pytest.approx(plain, abs=1e-4)

@@ -161,6 +161,7 @@ class FinetuneArgs(TrainingArgs):
     max_eval_samples: int | None = None  # the first N validation examples
     labels: str | None = None  # classify / pair / tag: "neg,pos", every label in id order (default: the train file)
     matryoshka_dims: str | None = None  # embed: "384,256,128,64", the loss added at each leading dimension
+    mini_batch_tokens: int | None = None  # embed: gradient caching, mini-batches of at most this many tokens
     # fine-tuning defaults differ from pretraining's
     learning_rate: float = 5e-5
     adam_beta2: float = 0.999
@@ -189,6 +190,9 @@ class FinetuneArgs(TrainingArgs):
                                                                                     self.matryoshka_dims)):
             raise UsageError("--matryoshka_dims is for finetune embed: dimensions separated by commas, e.g. "
                              f"384,256,128,64; got {self.matryoshka_dims!r}")
+        if self.mini_batch_tokens is not None and (self.task != "embed" or self.mini_batch_tokens < 1):
+            raise UsageError(f"--mini_batch_tokens (gradient caching) is for finetune embed and at least 1, got "
+                             f"{self.mini_batch_tokens}")
         names = self.labels.split(",") if self.labels is not None else []
         if self.labels is not None and (self.task == "embed" or self.regression or not all(n.strip() for n in names)
                                         or len(set(names)) != len(names)):

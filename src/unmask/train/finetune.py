@@ -34,6 +34,7 @@ from unmask.tokenizer import load_tokenizer
 from unmask.train.args import FinetuneArgs
 from unmask.train.distributed import init_distributed
 from unmask.train.evaluate import evaluate_sts, evaluate_task
+from unmask.train.gradcache import cached_embeddings
 from unmask.train.loop import Evaluation, SampleOrder, train_loop
 
 
@@ -52,7 +53,8 @@ class BiEncoder(torch.nn.Module):
 
     base_model_prefix = "bert"
 
-    def __init__(self, encoder: SentenceEncoder, matryoshka_dims: list[int] | None = None):
+    def __init__(self, encoder: SentenceEncoder, matryoshka_dims: list[int] | None = None,
+                 mini_batch_tokens: int | None = None):
         super().__init__()
         self.encoder = encoder
         self.bert = encoder.model  # registered here, so optimiser, DDP and checkpoints see the encoder's weights
@@ -62,18 +64,24 @@ class BiEncoder(torch.nn.Module):
             raise UsageError(f"--matryoshka_dims {','.join(map(str, matryoshka_dims))}: the model's vectors have "
                              f"{width} dimensions")
         self.dims = matryoshka_dims or [width]  # the loss at each leading dimension, summed (Matryoshka)
+        self.mini_batch_tokens = mini_batch_tokens  # set: gradient caching, mini-batches of this many tokens
+
+    def embed_all(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.mini_batch_tokens and self.training:
+            return cached_embeddings(self.embed, input_ids, attention_mask, self.mini_batch_tokens)
+        return self.embed(input_ids, attention_mask)
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return pool(self.bert(input_ids, attention_mask).last_hidden_state, attention_mask, self.encoder.pooling)
 
     def forward(self, input_ids, attention_mask, input_ids_b, attention_mask_b, labels) -> _LossOutput:
-        a = self.embed(input_ids, attention_mask)  # (B, H)
+        a = self.embed_all(input_ids, attention_mask)  # (B, H)
         if labels.is_floating_point():  # scored pairs: (B, T) each
-            b = self.embed(input_ids_b, attention_mask_b)
+            b = self.embed_all(input_ids_b, attention_mask_b)
             return _LossOutput(sum(cosent_loss(a[:, :d], b[:, :d], labels) for d in self.dims))
         B, n, T = input_ids_b.shape  # (B, 1 + k, T): the positives, then each column of negatives
         candidate_ids = input_ids_b.transpose(0, 1).reshape(B * n, T)
-        candidates = self.embed(candidate_ids, attention_mask_b.transpose(0, 1).reshape(B * n, T))  # (C, H)
+        candidates = self.embed_all(candidate_ids, attention_mask_b.transpose(0, 1).reshape(B * n, T))  # (C, H)
         duplicates = duplicate_positives(candidate_ids, B)
         return _LossOutput(sum(multiple_negatives_ranking_loss(a[:, :d], candidates[:, :d], duplicates)
                                for d in self.dims))
@@ -93,7 +101,7 @@ def _embed_setup(args: FinetuneArgs, tokenizer):
     train = (load_pairs(spec, tokenizer, args.train_file) if args.train_file else
              load_beir_pairs(spec, tokenizer, args.corpus, args.queries, args.qrels))
     train = first_examples(train, args.max_train_samples)
-    model = BiEncoder(encoder, args.dimensions)
+    model = BiEncoder(encoder, args.dimensions, args.mini_batch_tokens)
     if not args.validation_file:
         return model, train, None
     valid = [part[: args.max_eval_samples] for part in read_sts(args.validation_file)]
@@ -153,6 +161,8 @@ def _head_setup(args: FinetuneArgs, tokenizer):
 def finetune(args: FinetuneArgs) -> dict:
     """Fine-tune, keep the best epoch, export it to `args.output_dir`; returns its metrics and the timings."""
     dist = init_distributed()
+    if args.mini_batch_tokens and dist.world_size > 1:  # its recomputing backward is not DDP's single pass
+        raise UsageError("--mini_batch_tokens (gradient caching) runs in one process for now: drop it or torchrun")
     torch.manual_seed(args.seed)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
