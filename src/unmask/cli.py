@@ -383,6 +383,21 @@ def _run_embed(args) -> None:
                       "float32)")
 
 
+def _run_mine(args) -> None:
+    from unmask.pipelines.embed import SentenceEncoder
+    from unmask.pipelines.mine import mine_hard_negatives, write_rows
+
+    encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
+    cache = args.cache_dir or os.path.join(os.environ.get("UNMASK_CACHE") or os.path.expanduser("~/.cache/unmask"),
+                                           "vectors")
+    rows, left_out = mine_hard_negatives(encoder, args.model, args.corpus, args.queries, args.qrels,
+                                         args.num_negatives, args.range_min, args.range_max, args.margin,
+                                         args.max_score, args.batch_size, cache)
+    write_rows(rows, args.output)
+    _report(args, {}, f"{len(rows):,} rows of 1 positive and {args.num_negatives} negatives -> {args.output} "
+                      f"({left_out:,} judged pairs left out: too few negatives passed the filters)")
+
+
 def _run_eval_sts(args) -> None:
     from unmask.data.readers import read_sts
     from unmask.pipelines.embed import SentenceEncoder
@@ -516,6 +531,26 @@ def _add_inference_commands(commands) -> None:
     _add_inference_precision(embed)
     _add_dimensions(embed)
     embed.set_defaults(run=_run_embed)
+
+    mine = commands.add_parser("mine", help="hard negatives for a BEIR training set: the n-tuples finetune embed "
+                               "and finetune pair read")
+    _add_model(mine, "the sentence-transformers or HF encoder that ranks the corpus")
+    mine.add_argument("--corpus", required=True, help="BEIR corpus.jsonl (_id, title, text)")
+    mine.add_argument("--queries", required=True, help="BEIR queries.jsonl (_id, text)")
+    mine.add_argument("--qrels", required=True, help="BEIR qrels TSV (query-id, corpus-id, score)")
+    mine.add_argument("--output", required=True, help="where the JSONL rows (anchor, positive, negative_1...) go")
+    mine.add_argument("--num_negatives", type=int, default=3, help="negatives per row (default 3)")
+    mine.add_argument("--range_min", type=int, default=10,
+                      help="skip the query's top N documents: likely unjudged positives (default 10)")
+    mine.add_argument("--range_max", type=int, default=50, help="take negatives from ranks below this (default 50)")
+    mine.add_argument("--margin", type=float, default=None,
+                      help="drop a candidate whose cosine is above the positive's minus this (default: keep)")
+    mine.add_argument("--max_score", type=float, default=None, help="drop a candidate whose cosine is above this")
+    mine.add_argument("--batch_size", type=int, default=64, help="texts per forward pass (default 64)")
+    mine.add_argument("--cache_dir", default=None,
+                      help="where the corpus vectors are kept for the next run (default: ~/.cache/unmask/vectors)")
+    _add_inference_precision(mine)
+    mine.set_defaults(run=_run_mine)
 
     fill = commands.add_parser("fill-mask", help="top-k fillers for each [MASK] in the text(s)")
     _add_model(fill, "a masked-LM directory")

@@ -1,0 +1,109 @@
+"""Hard-negative mining (`unmask mine`): for each judged (query, document) pair of a BEIR training set, documents the
+model ranks high for the query but nobody judged relevant: the n-tuples `finetune embed` and `finetune pair` read.
+
+The corpus is embedded once (length-sorted batches) and its vectors kept on disk as float16, keyed by the model's
+weights and the corpus file, so a second run reuses them. Search is exact and blockwise: a block of queries against
+a block of documents at a time, keeping a running top-`range_max` per query, so memory is bounded by the block sizes
+and the vectors, never a queries x documents matrix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from unmask.data.readers import read_beir
+from unmask.errors import UsageError
+
+QUERY_BLOCK, DOC_BLOCK = 1024, 16384
+
+
+def corpus_vectors(encoder, doc_texts: list[str], key: str, cache_dir: Path | None, batch_size: int) -> np.ndarray:
+    """(N, H) float16 unit vectors of the documents, read from `cache_dir/key.npy` when an earlier run wrote it."""
+    path = cache_dir / f"{key}.npy" if cache_dir else None
+    if path is not None and path.exists():
+        vectors = np.load(path, mmap_mode="r")
+        if vectors.shape[0] == len(doc_texts):
+            print(f"mine: reusing the corpus vectors in {path}", file=sys.stderr)
+            return vectors
+    vectors = encoder.encode(doc_texts, batch_size=batch_size, normalize=True).astype(np.float16)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp.npy")
+        np.save(temporary, vectors)
+        temporary.replace(path)  # a killed run never leaves half a cache
+    return vectors
+
+
+def cache_key(model_dir: str | Path, corpus: str | Path, max_seq_length: int) -> str:
+    """The model's weights and the corpus file, by name, size and modification time."""
+    h = hashlib.sha256()
+    for path in sorted(Path(model_dir).glob("*.safetensors")) + [Path(corpus)]:
+        stat = path.resolve().stat()
+        h.update(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    h.update(str(max_seq_length).encode())
+    return h.hexdigest()[:20]
+
+
+def top_candidates(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best documents of each query, best first: ((Q, k) indices, (Q, k) cosines), block by block."""
+    all_ids, all_scores = [], []
+    for q0 in range(0, len(queries), QUERY_BLOCK):
+        block = queries[q0 : q0 + QUERY_BLOCK].astype(np.float32)
+        best_ids = np.zeros((len(block), 0), dtype=np.int64)
+        best_scores = np.zeros((len(block), 0), dtype=np.float32)
+        for d0 in range(0, len(docs), DOC_BLOCK):
+            scores = block @ np.asarray(docs[d0 : d0 + DOC_BLOCK], dtype=np.float32).T  # (q, d)
+            ids = np.broadcast_to(np.arange(d0, d0 + scores.shape[1]), scores.shape)
+            merged_scores = np.concatenate([best_scores, scores], axis=1)
+            merged_ids = np.concatenate([best_ids, ids], axis=1)
+            keep = np.argpartition(-merged_scores, min(k, merged_scores.shape[1]) - 1, axis=1)[:, :k]
+            best_scores = np.take_along_axis(merged_scores, keep, axis=1)
+            best_ids = np.take_along_axis(merged_ids, keep, axis=1)
+        order = np.argsort(-best_scores, axis=1, kind="stable")
+        all_ids.append(np.take_along_axis(best_ids, order, axis=1))
+        all_scores.append(np.take_along_axis(best_scores, order, axis=1))
+    return np.concatenate(all_ids), np.concatenate(all_scores)
+
+
+def mine_hard_negatives(encoder, model_dir: str | Path, corpus: str, queries: str, qrels: str,
+                        num_negatives: int = 3, range_min: int = 10, range_max: int = 50, margin: float | None = None,
+                        max_score: float | None = None, batch_size: int = 64,
+                        cache_dir: str | Path | None = None) -> tuple[list[dict], int]:
+    """Rows {anchor, positive, negative_1..negative_k} and the number of judged pairs left out (too few negatives
+    passed the filters). Negatives come from ranks [range_min, range_max) of the query's search, never a judged
+    document; `margin` drops those scoring above the positive's score minus it, `max_score` those above it."""
+    doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(corpus, queries, qrels)
+    if not 0 <= range_min < range_max or range_max > len(doc_ids) or num_negatives > range_max - range_min:
+        raise UsageError(f"--range_min {range_min} / --range_max {range_max} must satisfy 0 <= min < max <= the "
+                         f"{len(doc_ids):,} documents of {corpus}, with room for --num_negatives {num_negatives}")
+    docs = corpus_vectors(encoder, doc_texts, cache_key(model_dir, corpus, encoder.max_seq_length),
+                          Path(cache_dir) if cache_dir else None, batch_size)
+    query_vectors = encoder.encode(query_texts, batch_size=batch_size, normalize=True)
+    ranked, scores = top_candidates(query_vectors, docs, range_max)
+    position = {doc: i for i, doc in enumerate(doc_ids)}
+    rows, left_out = [], 0
+    for q, qid in enumerate(query_ids):
+        judged = {position[doc] for doc in relevance[qid]}
+        for doc, grade in relevance[qid].items():
+            if grade <= 0:
+                continue
+            positive_score = float(query_vectors[q] @ docs[position[doc]].astype(np.float32))
+            negatives = [int(d) for d, s in zip(ranked[q, range_min:], scores[q, range_min:])
+                         if d not in judged and (margin is None or s <= positive_score - margin)
+                         and (max_score is None or s <= max_score)][:num_negatives]
+            if len(negatives) < num_negatives:
+                left_out += 1
+                continue
+            rows.append({"anchor": query_texts[q], "positive": doc_texts[position[doc]],
+                         **{f"negative_{i + 1}": doc_texts[d] for i, d in enumerate(negatives)}})
+    return rows, left_out
+
+
+def write_rows(rows: list[dict], output: str | Path) -> None:
+    with open(output, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)

@@ -1,0 +1,71 @@
+"""Hard-negative mining: blockwise search equals a full ranking, negatives come from the rank range and are never
+judged, the corpus vectors are reused on a second run, and the output is what finetune embed and pair read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unmask.data.labelled import LabelledFormat, load_pairs, load_task_data
+from unmask.data.readers import read_beir
+from unmask.errors import UsageError
+from unmask.example_data import write_example_data
+from unmask.pipelines import mine
+from unmask.pipelines.embed import SentenceEncoder
+
+
+def test_blockwise_search_is_the_full_ranking(monkeypatch):
+    rng = np.random.default_rng(0)
+    queries, docs = rng.normal(size=(30, 8)).astype(np.float32), rng.normal(size=(200, 8)).astype(np.float16)
+    monkeypatch.setattr(mine, "QUERY_BLOCK", 7)
+    monkeypatch.setattr(mine, "DOC_BLOCK", 13)
+    ids, scores = mine.top_candidates(queries, docs, 25)
+    full = queries @ docs.astype(np.float32).T
+    assert np.array_equal(ids, np.argsort(-full, axis=1, kind="stable")[:, :25])
+    assert np.allclose(scores, np.take_along_axis(full, ids, axis=1))
+
+
+@pytest.fixture(scope="module")
+def beir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sample")
+    write_example_data(root)
+    return {name: str(root / "scifact" / file) for name, file in
+            (("corpus", "corpus.jsonl"), ("queries", "queries.train.jsonl"), ("qrels", "qrels/train.tsv"))}
+
+
+def test_negatives_come_from_the_range_and_are_never_judged(tmp_path, minilm_dir, beir, tokenizer):
+    encoder = SentenceEncoder.from_pretrained(minilm_dir)
+    encoded, original = [], encoder.encode
+
+    def counted(texts, **options):
+        encoded.append(len(texts))
+        return original(texts, **options)
+
+    encoder.encode = counted
+    rows, left_out = mine.mine_hard_negatives(encoder, minilm_dir, **beir, num_negatives=3, range_min=2,
+                                              range_max=12, cache_dir=tmp_path / "cache")
+    doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(**beir)
+    assert left_out == 0 and len(rows) == len(query_ids) == 67  # one judged document per sample query
+    docs = original(doc_texts, normalize=True)
+    for q, row in enumerate(rows):
+        assert row["anchor"] == query_texts[q]
+        ranking = [doc_texts[i] for i in np.argsort(-(docs @ original([row["anchor"]], normalize=True)[0]))]
+        judged = {doc_texts[doc_ids.index(d)] for d in relevance[query_ids[q]]}
+        negatives = [row[f"negative_{i}"] for i in (1, 2, 3)]
+        assert not judged & set(negatives) and row["positive"] in judged
+        assert all(2 <= ranking.index(n) < 12 for n in negatives)  # ties aside: float16 vectors, exact ranks here
+    assert encoded[0] == 200  # the corpus was embedded, then the queries
+    encoded.clear()
+    mine.mine_hard_negatives(encoder, minilm_dir, **beir, range_min=2, range_max=12, cache_dir=tmp_path / "cache")
+    assert 200 not in encoded  # the second run read the corpus vectors from the cache
+
+    output = tmp_path / "tuples.jsonl"
+    mine.write_rows(rows, output)
+    assert len(load_pairs(LabelledFormat(task="embed"), tokenizer, str(output)).negatives[0]) == 3
+    pairs, label2id = load_task_data(LabelledFormat(task="pair"), tokenizer, str(output), None)
+    assert len(pairs) == 4 * len(rows) and label2id == {"0": 0, "1": 1}
+
+
+def test_a_range_beyond_the_corpus_is_refused(minilm_dir, beir):
+    with pytest.raises(UsageError, match="--range_max 500 must satisfy .* the 200 documents"):
+        mine.mine_hard_negatives(SentenceEncoder.from_pretrained(minilm_dir), minilm_dir, **beir, range_max=500)
