@@ -19,7 +19,7 @@ from benchmarks.common import shared_data
 from unmask.data.readers import read_beir, read_sts
 from unmask.metrics import pearson, retrieval_metrics, spearman
 from unmask.pipelines.embed import SentenceEncoder
-from unmask.train.evaluate import exact_search
+from unmask.pipelines.search import exact_search
 
 
 def timed(fn):
@@ -68,7 +68,7 @@ def main() -> None:
         warnings.simplefilter("ignore")  # long abstracts are truncated at 256 tokens by both, as the model card says
         for name, encode in [("unmask", lambda t: ours.encode(t, batch_size=32, truncation="truncate")), ("sentence-transformers", st_encode)]:
             (docs, queries), seconds = timed(lambda: (encode(doc_texts), encode(query_texts)))
-            top = exact_search(queries, docs, k=100)
+            top = exact_search(queries, docs, k=100)[0]
             m = retrieval_metrics([[doc_ids[j] for j in row] for row in top], query_ids, relevance)
             print(f"  {name:<22} ndcg@10 {m['ndcg@10']:.4f}  recall@100 {m['recall@100']:.4f}"
                   f"  mrr@10 {m['mrr@10']:.4f}  (encode {seconds:.0f} s)")

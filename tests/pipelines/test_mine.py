@@ -14,17 +14,6 @@ from unmask.pipelines import mine
 from unmask.pipelines.embed import SentenceEncoder
 
 
-def test_blockwise_search_is_the_full_ranking(monkeypatch):
-    rng = np.random.default_rng(0)
-    queries, docs = rng.normal(size=(30, 8)).astype(np.float32), rng.normal(size=(200, 8)).astype(np.float16)
-    monkeypatch.setattr(mine, "QUERY_BLOCK", 7)
-    monkeypatch.setattr(mine, "DOC_BLOCK", 13)
-    ids, scores = mine.top_candidates(queries, docs, 25)
-    full = queries @ docs.astype(np.float32).T
-    assert np.array_equal(ids, np.argsort(-full, axis=1, kind="stable")[:, :25])
-    assert np.allclose(scores, np.take_along_axis(full, ids, axis=1))
-
-
 @pytest.fixture(scope="module")
 def beir(tmp_path_factory):
     root = tmp_path_factory.mktemp("sample")

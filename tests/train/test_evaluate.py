@@ -9,7 +9,6 @@ import subprocess
 import sys
 import warnings
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,7 +18,7 @@ from unmask.data.readers import read_sts
 from unmask.errors import DataError
 from unmask.models.bert import BertForMaskedLM
 from unmask.pipelines.embed import SentenceEncoder
-from unmask.train.evaluate import evaluate_sts, exact_search
+from unmask.train.evaluate import evaluate_sts
 
 
 def test_eval_mlm_json(tmp_path, tokenizer, corpus_file):
@@ -39,13 +38,6 @@ def test_eval_mlm_json(tmp_path, tokenizer, corpus_file):
     assert 0 <= result["accuracy"] < 0.05 and result["tokens"] > 500
     again = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout)
     assert again == result  # fixed masking seed: comparable across runs and models
-
-
-def test_exact_search_batches():
-    rng = np.random.default_rng(1)
-    docs, queries = rng.normal(size=(50, 8)).astype(np.float32), rng.normal(size=(7, 8)).astype(np.float32)
-    top = exact_search(queries, docs, k=5, batch_size=3)
-    assert top.tolist() == np.argsort(-(queries @ docs.T), axis=1)[:, :5].tolist()
 
 
 def test_sts_formats(tmp_path):

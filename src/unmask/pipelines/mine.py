@@ -2,9 +2,8 @@
 model ranks high for the query but nobody judged relevant: the n-tuples `finetune embed` and `finetune pair` read.
 
 The corpus is embedded once (length-sorted batches) and its vectors kept on disk as float16, keyed by the model's
-weights and the corpus file, so a second run reuses them. Search is exact and blockwise: a block of queries against
-a block of documents at a time, keeping a running top-`range_max` per query, so memory is bounded by the block sizes
-and the vectors, never a queries x documents matrix.
+weights and the corpus file, so a second run reuses them. The search is `exact_search`: block by block, never a
+queries x documents matrix.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ import numpy as np
 
 from unmask.data.readers import read_beir
 from unmask.errors import UsageError
-
-QUERY_BLOCK, DOC_BLOCK = 1024, 16384
+from unmask.pipelines.search import exact_search
 
 
 def corpus_vectors(encoder, doc_texts: list[str], key: str, cache_dir: Path | None, batch_size: int) -> np.ndarray:
@@ -49,27 +47,6 @@ def cache_key(model_dir: str | Path, corpus: str | Path, max_seq_length: int) ->
     return h.hexdigest()[:20]
 
 
-def top_candidates(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k best documents of each query, best first: ((Q, k) indices, (Q, k) cosines), block by block."""
-    all_ids, all_scores = [], []
-    for q0 in range(0, len(queries), QUERY_BLOCK):
-        block = queries[q0 : q0 + QUERY_BLOCK].astype(np.float32)
-        best_ids = np.zeros((len(block), 0), dtype=np.int64)
-        best_scores = np.zeros((len(block), 0), dtype=np.float32)
-        for d0 in range(0, len(docs), DOC_BLOCK):
-            scores = block @ np.asarray(docs[d0 : d0 + DOC_BLOCK], dtype=np.float32).T  # (q, d)
-            ids = np.broadcast_to(np.arange(d0, d0 + scores.shape[1]), scores.shape)
-            merged_scores = np.concatenate([best_scores, scores], axis=1)
-            merged_ids = np.concatenate([best_ids, ids], axis=1)
-            keep = np.argpartition(-merged_scores, min(k, merged_scores.shape[1]) - 1, axis=1)[:, :k]
-            best_scores = np.take_along_axis(merged_scores, keep, axis=1)
-            best_ids = np.take_along_axis(merged_ids, keep, axis=1)
-        order = np.argsort(-best_scores, axis=1, kind="stable")
-        all_ids.append(np.take_along_axis(best_ids, order, axis=1))
-        all_scores.append(np.take_along_axis(best_scores, order, axis=1))
-    return np.concatenate(all_ids), np.concatenate(all_scores)
-
-
 def mine_hard_negatives(encoder, model_dir: str | Path, corpus: str, queries: str, qrels: str,
                         num_negatives: int = 3, range_min: int = 10, range_max: int = 50, margin: float | None = None,
                         max_score: float | None = None, batch_size: int = 64,
@@ -84,7 +61,7 @@ def mine_hard_negatives(encoder, model_dir: str | Path, corpus: str, queries: st
     docs = corpus_vectors(encoder, doc_texts, cache_key(model_dir, corpus, encoder.max_seq_length),
                           Path(cache_dir) if cache_dir else None, batch_size)
     query_vectors = encoder.encode(query_texts, batch_size=batch_size, normalize=True)
-    ranked, scores = top_candidates(query_vectors, docs, range_max)
+    ranked, scores = exact_search(query_vectors, docs, range_max)
     position = {doc: i for i, doc in enumerate(doc_ids)}
     rows, left_out = [], 0
     for q, qid in enumerate(query_ids):

@@ -19,6 +19,7 @@ from unmask.metrics import entity_scores, macro_f1, pearson, retrieval_metrics, 
 from unmask.models.outputs import IGNORE_INDEX
 from unmask.objectives.electra import ElectraPretrainer
 from unmask.pipelines.classify import logits_of
+from unmask.pipelines.search import exact_search
 from unmask.pipelines.tag import predict_tags
 from unmask.tokenizer import Tokenizer
 from unmask.train.loop import autocast, to_device
@@ -102,17 +103,6 @@ def evaluate_sts(encoder, first: list[str], second: list[str], scores: np.ndarra
     return {"spearman": spearman(cosine, scores), "pearson": pearson(cosine, scores), "pairs": len(scores)}
 
 
-def exact_search(query_vectors: np.ndarray, doc_vectors: np.ndarray, k: int = 100, batch_size: int = 256):
-    """Top-k documents per query by dot product, queries in batches. Returns (Q, k) indices."""
-    docs = torch.from_numpy(doc_vectors)
-    k = min(k, len(doc_vectors))
-    out = []
-    for start in range(0, len(query_vectors), batch_size):
-        scores = torch.from_numpy(query_vectors[start : start + batch_size]) @ docs.T  # (q, D)
-        out.append(scores.topk(k, dim=1).indices.numpy())
-    return np.concatenate(out)
-
-
 def evaluate_retrieval(encoder, corpus, queries, qrels, batch_size: int = 64, truncation: str = "chunk",
                        stride: int | None = None, dimensions: int | None = None) -> dict:
     """nDCG@10, recall@100 and MRR@10 of exact search (on the vectors' leading `dimensions`); documents longer than
@@ -121,7 +111,7 @@ def evaluate_retrieval(encoder, corpus, queries, qrels, batch_size: int = 64, tr
     doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(corpus, queries, qrels)
     options = {"batch_size": batch_size, "truncation": truncation, "stride": stride, "dimensions": dimensions}
     doc_vectors, query_vectors = encoder.encode(doc_texts, **options), encoder.encode(query_texts, **options)
-    top = exact_search(query_vectors, doc_vectors, k=100)
+    top = exact_search(query_vectors, doc_vectors, k=100)[0]
     ranked = [[doc_ids[j] for j in row] for row in top]
     return retrieval_metrics(ranked, query_ids, relevance)
 
