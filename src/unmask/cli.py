@@ -410,7 +410,11 @@ def _run_eval_sts(args) -> None:
 
 def _run_eval_retrieval(args) -> None:
     from unmask.pipelines.embed import SentenceEncoder
-    from unmask.train.evaluate import evaluate_retrieval
+    from unmask.train.evaluate import evaluate_bm25, evaluate_retrieval
+
+    if args.bm25:
+        _report(args, evaluate_bm25(args.corpus, args.queries, args.qrels))
+        return
 
     encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
     _report(args, evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size,
@@ -428,6 +432,10 @@ def _resolve_model(parser: argparse.ArgumentParser, args) -> None:
     """`args.model` from the positional or the flag. With the flag, a positional read as the model is the first
     text (`predict classify --model M "a text"`)."""
     if not hasattr(args, "model_path"):
+        return
+    if getattr(args, "bm25", False):  # BM25 reads no model
+        if args.model or args.model_path:
+            parser.error("--bm25 scores without a model: drop the model, or drop --bm25")
         return
     if args.model is None:
         if args.model_path is None:
@@ -627,6 +635,8 @@ def _add_eval_embeddings(eval_commands) -> None:
     _add_truncation(retrieval, "the model's max_seq_length")
     _add_inference_precision(retrieval)
     _add_dimensions(retrieval)
+    retrieval.add_argument("--bm25", action="store_true",
+                           help="score BM25 (k1 0.9, b 0.4), the lexical baseline, instead of a model")
     retrieval.set_defaults(run=_run_eval_retrieval)
 
 
