@@ -8,8 +8,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -87,6 +89,13 @@ class ReadmeSession:
     def shell(self, command: str) -> subprocess.CompletedProcess:
         for port, server in self.servers.items():
             command = command.replace(f"localhost:{port}", f"127.0.0.1:{server.port}")
+        if command.startswith("curl ") and shutil.which("curl") is None:  # the same request, without curl
+            words = shlex.split(command)
+            url = next(w for w in words if w.startswith("127.0.0.1:"))
+            request = urllib.request.Request(f"http://{url}", data=words[words.index("-d") + 1].encode(),
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return subprocess.CompletedProcess(command, 0, response.read().decode(), "")
         done = subprocess.run(["bash", "-c", small(command)], cwd=self.workdir, env=self.env, capture_output=True,
                               text=True, timeout=600)
         assert done.returncode == 0 and "Traceback" not in done.stderr, (command, done.stderr[-3000:])
