@@ -453,6 +453,13 @@ def _add_inference_precision(parser: argparse.ArgumentParser) -> None:
     choice.add_argument("--bf16", action="store_true", help=_HELP["bf16_inference"])
 
 
+def _add_beir(parser: argparse.ArgumentParser) -> None:
+    """A BEIR dataset's three files (eval retrieval, mine)."""
+    parser.add_argument("--corpus", required=True, help="BEIR corpus.jsonl (_id, title, text)")
+    parser.add_argument("--queries", required=True, help="BEIR queries.jsonl (_id, text)")
+    parser.add_argument("--qrels", required=True, help="BEIR qrels TSV (query-id, corpus-id, score)")
+
+
 def _add_dimensions(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dimensions", type=int, default=None,
                         help="keep the leading N dimensions of each vector, renormalised (a model trained with "
@@ -543,9 +550,7 @@ def _add_inference_commands(commands) -> None:
     mine = commands.add_parser("mine", help="hard negatives for a BEIR training set: the n-tuples finetune embed "
                                "and finetune pair read")
     _add_model(mine, "the sentence-transformers or HF encoder that ranks the corpus")
-    mine.add_argument("--corpus", required=True, help="BEIR corpus.jsonl (_id, title, text)")
-    mine.add_argument("--queries", required=True, help="BEIR queries.jsonl (_id, text)")
-    mine.add_argument("--qrels", required=True, help="BEIR qrels TSV (query-id, corpus-id, score)")
+    _add_beir(mine)
     mine.add_argument("--output", required=True, help="where the JSONL rows (anchor, positive, negative_1...) go")
     mine.add_argument("--num_negatives", type=int, default=3, help="negatives per row (default 3)")
     mine.add_argument("--range_min", type=int, default=10,
@@ -627,9 +632,7 @@ def _add_eval_embeddings(eval_commands) -> None:
     sts.set_defaults(run=_run_eval_sts)
     retrieval = eval_commands.add_parser("retrieval", help="BEIR-style retrieval: nDCG@10, recall@100, MRR@10")
     _add_model(retrieval, "a sentence-transformers or HF encoder directory")
-    retrieval.add_argument("--corpus", required=True, help="corpus.jsonl (_id, title, text)")
-    retrieval.add_argument("--queries", required=True, help="queries.jsonl (_id, text)")
-    retrieval.add_argument("--qrels", required=True, help="qrels TSV (query-id, corpus-id, score)")
+    _add_beir(retrieval)
     retrieval.add_argument("--batch_size", type=int, default=64, help="texts per forward pass (default 64)")
     retrieval.add_argument("--json", action="store_true", help=_JSON_HELP)
     _add_truncation(retrieval, "the model's max_seq_length")
