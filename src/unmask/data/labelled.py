@@ -116,10 +116,9 @@ def build_label_map(values: list) -> dict[str, int]:
     return {name: i for i, name in enumerate(names)}
 
 
-def load_examples(path, tokenizer, text_column: str, label_column: str, text_pair_column: str | None,
-                  max_length: int, label2id: dict[str, int] | None) -> ClassificationData:
-    """Read a file; `label2id=None` means regression (float targets)."""
-    rows = read_table(path)
+def load_examples(rows: list[dict], path, tokenizer, text_column: str, label_column: str,
+                  text_pair_column: str | None, max_length: int, label2id: dict[str, int] | None) -> ClassificationData:
+    """A table's rows (read from `path`) as examples; `label2id=None` means regression (float targets)."""
     texts = [str(t) for t in column(rows, text_column, path)]
     pairs = [str(t) for t in column(rows, text_pair_column, path)] if text_pair_column else None
     raw = column(rows, label_column, path)
@@ -231,21 +230,21 @@ def load_task_data(spec: LabelledFormat, tokenizer, path: str, label2id: dict | 
             return data, label2id
         if text_column == "sentence":
             text_column = "sentence1"
-        rows = read_table(path)
-        if "anchor" in rows[0] and not spec.regression:  # (anchor, positive, negative...): relevant 1, not 0
-            anchors, positives, negatives = _tuples(rows, path)
-            if not negatives[0]:
-                raise DataError(f"{path}: a cross-encoder learns from negatives too: add negative columns (an "
-                                "anchor / positive table trains finetune embed)")
-            pairs = [{"sentence1": a, "sentence2": p, "label": "1"} for a, p in zip(anchors, positives)]
-            pairs += [{"sentence1": a, "sentence2": n, "label": "0"} for a, ns in zip(anchors, negatives) for n in ns]
-            label2id = label2id or {"0": 0, "1": 1}
-            return _from_rows(spec, tokenizer, pairs, path, "sentence1", "sentence2", label2id), label2id
+    rows = read_table(path)  # once: the tuple check, the label map and the examples read these rows
+    if spec.task == "pair" and "anchor" in rows[0] and not spec.regression:  # tuples: relevant 1, not 0
+        anchors, positives, negatives = _tuples(rows, path)
+        if not negatives[0]:
+            raise DataError(f"{path}: a cross-encoder learns from negatives too: add negative columns (an anchor / "
+                            "positive table trains finetune embed)")
+        pairs = [{"sentence1": a, "sentence2": p, "label": "1"} for a, p in zip(anchors, positives)]
+        pairs += [{"sentence1": a, "sentence2": n, "label": "0"} for a, ns in zip(anchors, negatives) for n in ns]
+        label2id = label2id or {"0": 0, "1": 1}
+        return _from_rows(spec, tokenizer, pairs, path, "sentence1", "sentence2", label2id), label2id
     if not spec.regression and label2id is None:
-        label2id = build_label_map(column(read_table(path), spec.label_column, path))
+        label2id = build_label_map(column(rows, spec.label_column, path))
         if len(label2id) < 2:
             raise DataError(f"{path}: column {spec.label_column!r} has a single label; nothing to learn")
-    data = load_examples(path, tokenizer, text_column, spec.label_column, pair_column, spec.max_seq_length,
+    data = load_examples(rows, path, tokenizer, text_column, spec.label_column, pair_column, spec.max_seq_length,
                          None if spec.regression else label2id)
     if spec.regression and spec.label_scale != 1.0:
         data.labels = [v / spec.label_scale for v in data.labels]
