@@ -37,8 +37,14 @@ def multiple_negatives_ranking_loss(anchors: torch.Tensor, candidates: torch.Ten
 def duplicate_positives(candidate_ids: torch.Tensor, batch: int) -> torch.Tensor:
     """(C, T) padded candidate ids, the `batch` positives first -> (B, C) bool: candidate j is the same text as
     positive i but not i itself (a repeated positive, or a mined negative that is another anchor's positive)."""
-    same = (candidate_ids[None, :, :] == candidate_ids[:batch, None, :]).all(dim=-1)  # (B, C)
-    return same & ~torch.eye(batch, len(candidate_ids), dtype=torch.bool, device=same.device)
+    rows = candidate_ids.cpu().numpy()
+    where: dict[bytes, list[int]] = {}  # a text's ids -> the candidates that hold it (no (B, C, T) comparison)
+    for j, row in enumerate(rows):
+        where.setdefault(row.tobytes(), []).append(j)
+    same = torch.zeros(batch, len(rows), dtype=torch.bool)
+    for i in range(batch):
+        same[i, [j for j in where[rows[i].tobytes()] if j != i]] = True
+    return same.to(candidate_ids.device)
 
 
 def cosent_loss(a: torch.Tensor, b: torch.Tensor, labels: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
