@@ -340,11 +340,11 @@ def _run_pretrain(args) -> None:
 
 def _run_eval_mlm(args) -> None:
     from unmask.data.pretraining import PackedDataset, build_token_cache
+    from unmask.io import cache_dir
     from unmask.train.evaluate import evaluate_mlm
-    from unmask.train.pretrain import default_cache_root
 
     model, tokenizer = _model_for("unmask eval mlm", "fill-mask", args.model)
-    cache = build_token_cache(args.file, tokenizer, default_cache_root(), args.text_field, show_progress=False)
+    cache = build_token_cache(args.file, tokenizer, cache_dir("tokens"), args.text_field, show_progress=False)
     data = PackedDataset.from_cache(cache, tokenizer, args.max_seq_length)
     result = evaluate_mlm(model, data, tokenizer, args.batch_size, args.mlm_probability, args.max_samples,
                           seed=args.seed)
@@ -384,12 +384,12 @@ def _run_embed(args) -> None:
 
 
 def _run_mine(args) -> None:
+    from unmask.io import cache_dir
     from unmask.pipelines.embed import SentenceEncoder
     from unmask.pipelines.mine import mine_hard_negatives, write_rows
 
     encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
-    cache = args.cache_dir or os.path.join(os.environ.get("UNMASK_CACHE") or os.path.expanduser("~/.cache/unmask"),
-                                           "vectors")
+    cache = args.cache_dir or cache_dir("vectors")
     rows, left_out = mine_hard_negatives(encoder, args.model, args.corpus, args.queries, args.qrels,
                                          args.num_negatives, args.range_min, args.range_max, args.margin,
                                          args.max_score, args.batch_size, cache)
@@ -409,12 +409,12 @@ def _run_eval_sts(args) -> None:
 
 
 def _run_eval_retrieval(args) -> None:
-    from unmask.pipelines.embed import SentenceEncoder
     from unmask.train.evaluate import evaluate_bm25, evaluate_retrieval
 
     if args.bm25:
         _report(args, evaluate_bm25(args.corpus, args.queries, args.qrels))
         return
+    from unmask.pipelines.embed import SentenceEncoder
 
     encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
     _report(args, evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size,

@@ -1,4 +1,5 @@
-"""Files written atomically: a temp file in the same directory, then a rename, so a crash never leaves half a file."""
+"""Files written atomically (a temp file in the same directory, then a rename, so a crash never leaves half a file),
+and where caches live."""
 
 from __future__ import annotations
 
@@ -20,3 +21,8 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def cache_dir(kind: str) -> Path:
+    """`$UNMASK_CACHE/kind`, or `~/.cache/unmask/kind` (token caches, corpus vectors)."""
+    return Path(os.environ.get("UNMASK_CACHE") or Path.home() / ".cache" / "unmask") / kind

@@ -17,6 +17,7 @@ import numpy as np
 
 from unmask.data.readers import read_beir
 from unmask.errors import UsageError
+from unmask.io import atomic_write
 from unmask.pipelines.search import exact_search
 
 
@@ -30,10 +31,12 @@ def corpus_vectors(encoder, doc_texts: list[str], key: str, cache_dir: Path | No
             return vectors
     vectors = encoder.encode(doc_texts, batch_size=batch_size, normalize=True).astype(np.float16)
     if path is not None:
+        def save(temporary: Path) -> None:
+            with temporary.open("wb") as f:  # a file, so np.save adds no suffix of its own
+                np.save(f, vectors)
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp.npy")
-        np.save(temporary, vectors)
-        temporary.replace(path)  # a killed run never leaves half a cache
+        atomic_write(path, save)  # a killed run never leaves half a cache
     return vectors
 
 

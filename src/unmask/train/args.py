@@ -171,6 +171,11 @@ class FinetuneArgs(TrainingArgs):
     logging_steps: int = 50
 
     @property
+    def label_names(self) -> list[str]:
+        """--labels as a list (empty: the training file's labels)."""
+        return self.labels.split(",") if self.labels else []
+
+    @property
     def dimensions(self) -> list[int]:
         """--matryoshka_dims as numbers (empty: the full vector only)."""
         return [int(d) for d in self.matryoshka_dims.split(",")] if self.matryoshka_dims else []
@@ -193,7 +198,7 @@ class FinetuneArgs(TrainingArgs):
         if self.mini_batch_tokens is not None and (self.task != "embed" or self.mini_batch_tokens < 1):
             raise UsageError(f"--mini_batch_tokens (gradient caching) is for finetune embed and at least 1, got "
                              f"{self.mini_batch_tokens}")
-        names = self.labels.split(",") if self.labels is not None else []
+        names = self.label_names
         if self.labels is not None and (self.task == "embed" or self.regression or not all(n.strip() for n in names)
                                         or len(set(names)) != len(names)):
             raise UsageError("--labels lists every label of a classify / pair / tag task once, separated by commas "

@@ -126,7 +126,7 @@ def _head_setup(args: FinetuneArgs, tokenizer):
         raise DataError(f"{args.train_file}: STS Benchmark scores are numbers; add --regression (and "
                         "--label_scale 5)")
     spec = labelled_format(args)
-    given = {name: i for i, name in enumerate(args.labels.split(","))} if args.labels else None
+    given = {name: i for i, name in enumerate(args.label_names)} or None
     train, label2id = load_task_data(spec, tokenizer, args.train_file, given)  # else: labels from the whole file
     train = first_examples(train, args.max_train_samples)
     valid = load_task_data(spec, tokenizer, args.validation_file, label2id)[0] if args.validation_file else None

@@ -26,7 +26,7 @@ from unmask.data.pretraining import PackedDataset, build_token_cache
 from unmask.data.streaming import TokenStream
 from unmask.errors import UsageError
 from unmask.heads import head_of
-from unmask.io import atomic_write_text
+from unmask.io import atomic_write_text, cache_dir
 from unmask.models import from_config, model_class, set_attn_backend
 from unmask.models.bert import init_positions_sinusoidal
 from unmask.objectives.electra import ElectraPretrainer
@@ -37,10 +37,6 @@ from unmask.train.distributed import Distributed, init_distributed
 from unmask.train.evaluate import evaluate_electra, evaluate_mlm
 from unmask.train.loop import Evaluation, SampleOrder, train_loop
 from unmask.train.vocabulary import extend_vocabulary
-
-
-def default_cache_root() -> Path:
-    return Path(os.environ.get("UNMASK_CACHE", Path.home() / ".cache" / "unmask")) / "tokens"
 
 
 def prepare_tokenizer(args: PretrainArgs, dist: Distributed) -> Tokenizer:
@@ -122,7 +118,7 @@ def _describe_new(new_keys: list[str]) -> str:
 
 def packed(files: list[str], tokenizer, args: PretrainArgs, dist: Distributed, cross_documents: bool = False):
     """Rank 0 tokenizes (with a progress bar) while the others wait, then every rank opens the same cache."""
-    cache_root = Path(args.cache_dir) if args.cache_dir else default_cache_root()
+    cache_root = Path(args.cache_dir) if args.cache_dir else cache_dir("tokens")
     if dist.is_main:
         build_token_cache(files, tokenizer, cache_root, args.text_field, args.show_progress)
     dist.barrier()
