@@ -142,6 +142,10 @@ _HELP = {
     "qrels": "embed: BEIR qrels TSV (query-id, corpus-id, score): each judged pair (score > 0) is a training pair",
     "mini_batch_tokens": "embed: gradient caching (GradCache): any --per_device_train_batch_size at the memory of "
                          "mini-batches of this many tokens, the same gradients (default: off)",
+    "teacher": "embed: a cross-encoder (finetune pair) that scores each row's positive and negatives before "
+               "training; its scores are distilled (a tuple table's label column can hold them instead)",
+    "distillation": "embed, with a teacher's scores: margin_mse (MarginMSE) or kl (listwise KL), added to the "
+                    "ranking loss, on 20 x cosine",
     "matryoshka_dims": "embed: add the loss at each of these leading dimensions, truncated and renormalised "
                        "(Matryoshka), e.g. 384,256,128,64",
     "label_scale": "regression: targets are divided by this (STS-B's 0-5 scores: 5)",
@@ -389,10 +393,12 @@ def _run_mine(args) -> None:
     from unmask.pipelines.mine import mine_hard_negatives, write_rows
 
     encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
+    cross_encoder = (_model_for("unmask mine --cross_encoder", "rerank", args.cross_encoder, int8=args.int8,
+                                bf16=args.bf16) if args.cross_encoder else None)
     cache = args.cache_dir or cache_dir("vectors")
     rows, left_out = mine_hard_negatives(encoder, args.model, args.corpus, args.queries, args.qrels,
                                          args.num_negatives, args.range_min, args.range_max, args.margin,
-                                         args.max_score, args.batch_size, cache)
+                                         args.max_score, args.batch_size, cache, cross_encoder)
     write_rows(rows, args.output)
     _report(args, {}, f"{len(rows):,} rows of 1 positive and {args.num_negatives} negatives -> {args.output} "
                       f"({left_out:,} judged pairs left out: too few negatives passed the filters)")
@@ -411,14 +417,30 @@ def _run_eval_sts(args) -> None:
 def _run_eval_retrieval(args) -> None:
     from unmask.train.evaluate import evaluate_bm25, evaluate_retrieval
 
+    rerank = _reranker(args) if args.reranker else None
     if args.bm25:
-        _report(args, evaluate_bm25(args.corpus, args.queries, args.qrels))
+        _report(args, evaluate_bm25(args.corpus, args.queries, args.qrels, rerank))
         return
     from unmask.pipelines.embed import SentenceEncoder
 
     encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
     _report(args, evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size,
-                                     truncation=args.truncation, stride=args.stride, dimensions=args.dimensions))
+                                     truncation=args.truncation, stride=args.stride, dimensions=args.dimensions,
+                                     rerank=rerank))
+
+
+def _reranker(args):
+    """`eval retrieval --reranker`: the cross-encoder re-ordering each query's top --rerank_top_k."""
+    from functools import partial
+
+    from unmask.pipelines.classify import rerank_candidates
+
+    if args.rerank_top_k < 1 or (args.reranker_max_length is not None and args.reranker_max_length < 2):
+        raise UsageError("--rerank_top_k must be at least 1 and --reranker_max_length at least 2")
+    model, tokenizer = _model_for("unmask eval retrieval --reranker", "rerank", args.reranker, int8=args.int8,
+                                  bf16=args.bf16)
+    return partial(rerank_candidates, model, tokenizer, top_k=args.rerank_top_k, truncation=args.truncation,
+                   max_length=args.reranker_max_length, batch_size=args.batch_size)
 
 
 def _add_model(parser: argparse.ArgumentParser, what: str) -> None:
@@ -559,6 +581,10 @@ def _add_inference_commands(commands) -> None:
     mine.add_argument("--margin", type=float, default=None,
                       help="drop a candidate whose cosine is above the positive's minus this (default: keep)")
     mine.add_argument("--max_score", type=float, default=None, help="drop a candidate whose cosine is above this")
+    mine.add_argument("--cross_encoder", default=None,
+                      help="rescore the candidates with this cross-encoder (finetune pair): --margin / --max_score "
+                           "then read its relevance logits, the hardest are taken, and each row's label holds its "
+                           "scores for distillation")
     mine.add_argument("--batch_size", type=int, default=64, help="texts per forward pass (default 64)")
     mine.add_argument("--cache_dir", default=None,
                       help="where the corpus vectors are kept for the next run (default: ~/.cache/unmask/vectors)")
@@ -640,6 +666,13 @@ def _add_eval_embeddings(eval_commands) -> None:
     _add_dimensions(retrieval)
     retrieval.add_argument("--bm25", action="store_true",
                            help="score BM25 (k1 0.9, b 0.4), the lexical baseline, instead of a model")
+    retrieval.add_argument("--reranker", default=None, metavar="CROSS_ENCODER",
+                           help="re-order each query's top --rerank_top_k with this cross-encoder (finetune pair); "
+                                "the retriever's nDCG@10 and MRR@10 are reported beside")
+    retrieval.add_argument("--rerank_top_k", type=int, default=100, help="documents re-ranked per query (100)")
+    retrieval.add_argument("--reranker_max_length", type=int, default=None,
+                           help="tokens of a (query, document) pair, the longer read per --truncation (default: "
+                                "the reranker's context)")
     retrieval.set_defaults(run=_run_eval_retrieval)
 
 

@@ -38,3 +38,45 @@ def test_a_missing_or_empty_cell_names_its_row(tmp_path, tokenizer):
     rows = [{"anchor": "q", "positive": "d", "negative": "n"}, {"anchor": "q", "positive": " ", "negative": "n"}]
     with pytest.raises(DataError, match=r"row 2: column 'positive' is missing or empty"):
         load_pairs(LabelledFormat(task="embed"), tokenizer, _write(tmp_path / "bad.jsonl", rows))
+
+
+def test_teacher_scores_come_from_the_label_column_as_scores_or_margins(tmp_path, tokenizer):
+    """1 + k scores are kept; k margins t_pos - t_neg_i (sentence-transformers' MarginMSE labels) become
+    [0, -m_1, ...], which have the same margins; a TSV cell holds the list as JSON. They follow their rows."""
+    scored = [{"anchor": f"q{i}", "positive": f"d{i}", "negative_1": "x", "negative_2": "y",
+               "label": [5.0 + i, 1.0, -2.0]} for i in range(3)]
+    data = load_pairs(LabelledFormat(task="embed"), tokenizer, _write(tmp_path / "s.jsonl", scored))
+    assert data.teacher_scores == [[5.0, 1.0, -2.0], [6.0, 1.0, -2.0], [7.0, 1.0, -2.0]]
+    assert data.collate([2, 0], tokenizer.pad_token_id)["teacher_scores"].tolist() == [[7, 1, -2], [5, 1, -2]]
+    tsv = tmp_path / "m.tsv"
+    tsv.write_text("anchor\tpositive\tnegative_1\tnegative_2\tlabel\nq\td\tx\ty\t[4.0, 7.5]\n")
+    assert load_pairs(LabelledFormat(task="embed"), tokenizer, str(tsv)).teacher_scores == [[0.0, -4.0, -7.5]]
+    plain = [{k: v for k, v in row.items() if k != "label"} for row in scored]
+    assert load_pairs(LabelledFormat(task="embed"), tokenizer, _write(tmp_path / "p.jsonl", plain)).teacher_scores \
+        is None
+
+
+@pytest.mark.parametrize("label, problem", [([1.0], "row 2: column 'label' must hold the teacher's scores of the "
+                                                    "positive and the 2 negatives"),
+                                            ("high", "row 2: column 'label'"), ([1, float("nan"), 2], "row 2")])
+def test_teacher_scores_of_the_wrong_shape_name_their_row(tmp_path, tokenizer, label, problem):
+    rows = [{"anchor": "q", "positive": "d", "negative_1": "x", "negative_2": "y", "label": [1, 2, 3]},
+            {"anchor": "q", "positive": "d", "negative_1": "x", "negative_2": "y", "label": label}]
+    with pytest.raises(DataError, match=problem):
+        load_pairs(LabelledFormat(task="embed"), tokenizer, _write(tmp_path / "bad.jsonl", rows))
+    with pytest.raises(DataError, match="has no negative column"):
+        load_pairs(LabelledFormat(task="embed"), tokenizer,
+                   _write(tmp_path / "pairs.jsonl", [{"anchor": "q", "positive": "d", "label": 1}]))
+
+
+def test_a_teacher_scores_every_candidate_in_row_order(tmp_path, tokenizer):
+    rows = [{"anchor": f"q{i}", "positive": f"d{i}", "negative": f"n{i}"} for i in range(3)]
+    seen = []
+
+    def teacher(pairs):
+        seen.extend(pairs)
+        return [float(len(seen) - len(pairs) + j) for j in range(len(pairs))]
+
+    data = load_pairs(LabelledFormat(task="embed"), tokenizer, _write(tmp_path / "t.jsonl", rows), teacher)
+    assert seen == [("q0", "d0"), ("q0", "n0"), ("q1", "d1"), ("q1", "n1"), ("q2", "d2"), ("q2", "n2")]
+    assert data.teacher_scores == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]

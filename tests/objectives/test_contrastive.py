@@ -42,3 +42,26 @@ def test_a_repeated_positive_leaves_the_softmax():
                for i in range(4)]
     assert loss.item() == pytest.approx(-torch.stack(by_hand).mean().item(), abs=1e-6)
     assert loss < multiple_negatives_ranking_loss(anchors, candidates)  # the repeat no longer counts against it
+
+
+@pytest.mark.parametrize("name", ["MarginMSELoss", "DistillKLDivLoss"])
+@pytest.mark.parametrize("negatives", [1, 3])
+def test_distillation_losses_and_gradients_are_sentence_transformers(name, negatives):
+    """Ours on 20 x cosine = sentence-transformers' MarginMSELoss / DistillKLDivLoss given that similarity."""
+    losses = pytest.importorskip("sentence_transformers.sentence_transformer.losses")
+    from unmask.objectives.contrastive import candidate_scores, kl_distillation_loss, margin_mse_loss
+
+    def scaled_cosine(a, b):
+        return 20 * torch.nn.functional.cosine_similarity(a, b, dim=-1)
+
+    theirs_fn = getattr(losses, name)(model=None, similarity_fct=scaled_cosine)
+    teacher = torch.randn(8, 1 + negatives, generator=torch.Generator().manual_seed(3)) * 4
+    ours_in, theirs_in = _embeddings(2, negatives=negatives), _embeddings(2, negatives=negatives)
+    student = candidate_scores(ours_in[0], torch.stack(ours_in[1:], dim=1))  # (B, 1 + k)
+    ours = (margin_mse_loss if name == "MarginMSELoss" else kl_distillation_loss)(student, teacher)
+    theirs = theirs_fn.compute_loss_from_embeddings(theirs_in, labels=teacher)
+    ours.backward()
+    theirs.backward()
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
+    for mine, reference in zip(ours_in, theirs_in):
+        assert torch.allclose(mine.grad, reference.grad, atol=1e-6, rtol=1e-4)

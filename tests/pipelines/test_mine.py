@@ -58,3 +58,45 @@ def test_negatives_come_from_the_range_and_are_never_judged(tmp_path, minilm_dir
 def test_a_range_beyond_the_corpus_is_refused(minilm_dir, beir):
     with pytest.raises(UsageError, match="--range_max 500 must satisfy .* the 200 documents"):
         mine.mine_hard_negatives(SentenceEncoder.from_pretrained(minilm_dir), minilm_dir, **beir, range_max=500)
+
+
+def test_a_cross_encoder_rescores_filters_and_labels_the_negatives(tmp_path, minilm_dir, beir, tokenizer):
+    """--cross_encoder: negatives are the candidates of the rank range it scores highest, --margin reads its scores,
+    and each row's label holds its log-odds of the positive and of each negative (transformers' l1 - l0)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from unmask.config import BertConfig
+    from unmask.models.bert import BertForSequenceClassification
+    from unmask.tokenizer import load_tokenizer
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, num_labels=2, initializer_range=0.5)
+    model = BertForSequenceClassification(config)
+    model.save_pretrained(tmp_path / "ce", tokenizer=tokenizer)
+    encoder = SentenceEncoder.from_pretrained(minilm_dir)
+    plain, _ = mine.mine_hard_negatives(encoder, minilm_dir, **beir, num_negatives=10, range_min=2, range_max=12,
+                                        cache_dir=tmp_path / "cache")
+    rows, left_out = mine.mine_hard_negatives(encoder, minilm_dir, **beir, num_negatives=2, range_min=2,
+                                              range_max=12, margin=0.5, cache_dir=tmp_path / "cache",
+                                              cross_encoder=(model, load_tokenizer(tmp_path / "ce")))
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "ce").eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "ce")
+
+    def log_odds(query, documents):
+        inputs = hf_tokenizer([query] * len(documents), documents, truncation="only_second", max_length=512,
+                              padding=True, return_tensors="pt")
+        with torch.no_grad():
+            logits = reference(**inputs).logits
+        return (logits[:, 1] - logits[:, 0]).tolist()
+
+    assert len(rows) + left_out == 67 and len(rows) > 10
+    by_anchor = {row["anchor"]: row for row in plain}  # every candidate of the range, in the bi-encoder's order
+    for row in rows[:10]:
+        candidates = [by_anchor[row["anchor"]][f"negative_{i}"] for i in range(1, 11)]
+        scores = log_odds(row["anchor"], [row["positive"], *candidates])
+        assert row["label"] == pytest.approx([scores[0], row["label"][1], row["label"][2]], abs=1e-4)
+        allowed = sorted((s, c) for s, c in zip(scores[1:], candidates) if s <= scores[0] - 0.5)[::-1]
+        assert [row["negative_1"], row["negative_2"]] == [c for _, c in allowed[:2]]
+        assert row["label"][1:] == pytest.approx([s for s, _ in allowed[:2]], abs=1e-4)

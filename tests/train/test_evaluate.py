@@ -9,6 +9,7 @@ import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -107,3 +108,50 @@ def test_eval_commands(tmp_path, minilm_dir):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result == {"ndcg@10": 1.0, "recall@100": 1.0, "mrr@10": 1.0, "queries": 2}
+
+
+def test_eval_retrieval_reranks_the_top_k_as_transformers_scores_them(tmp_path, tokenizer):
+    """--reranker: each query's first --rerank_top_k documents re-ordered by the cross-encoder's log-odds
+    (transformers' l1 - l0 on the same weights, the document cut to fit), the rest in the retriever's order; the
+    retriever's own nDCG@10 and MRR@10 reported beside."""
+    transformers = pytest.importorskip("transformers")
+    from unmask.example_data import write_example_data
+    from unmask.metrics import retrieval_metrics
+    from unmask.models.bert import BertForSequenceClassification
+    from unmask.pipelines.bm25 import BM25
+
+    torch.manual_seed(0)  # wide initial weights: distinct documents' scores apart by more than float noise
+    reranker = tmp_path / "reranker"
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, num_labels=2, initializer_range=0.5)
+    BertForSequenceClassification(config).save_pretrained(reranker, tokenizer=tokenizer)
+    write_example_data(tmp_path)
+    files = {name: str(tmp_path / "scifact" / file) for name, file in
+             (("corpus", "corpus.jsonl"), ("queries", "queries.train.jsonl"), ("qrels", "qrels/train.tsv"))}
+    done = subprocess.run([sys.executable, "-m", "unmask.cli", "eval", "retrieval", "--bm25", "--reranker",
+                           str(reranker), "--rerank_top_k", "5", "--truncation", "truncate",
+                           "--reranker_max_length", "128", "--json", *(f"--{k}={v}" for k, v in files.items())],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+
+    from unmask.data.readers import read_beir
+
+    doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(**files)
+    top = BM25(doc_texts).search(query_texts, 100)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(reranker).eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(reranker)
+    expected = []
+    for query, row in zip(query_texts, top):
+        inputs = hf_tokenizer([query] * 5, [doc_texts[d] for d in row[:5]], truncation="only_second", max_length=128,
+                              padding=True, return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**inputs).logits
+        scores = (logits[:, 1] - logits[:, 0]).numpy().round(4)  # a repeated document: the same score, kept in order
+        order = np.argsort(-scores, kind="stable").tolist()
+        expected.append([doc_ids[row[i]] for i in order] + [doc_ids[d] for d in row[5:]])
+    assert result == pytest.approx({**retrieval_metrics(expected, query_ids, relevance),
+                                    "retriever_ndcg@10": result["retriever_ndcg@10"],
+                                    "retriever_mrr@10": result["retriever_mrr@10"]}, abs=1e-9)
+    bm25 = retrieval_metrics([[doc_ids[d] for d in row] for row in top], query_ids, relevance)
+    assert result["retriever_ndcg@10"] == bm25["ndcg@10"] and result["ndcg@10"] != bm25["ndcg@10"]

@@ -469,3 +469,70 @@ def test_a_cached_run_trains_as_the_uncached_one(tmp_path, encoder_dir):
     plain, cached = ([json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
                      for name in ("plain", "cached"))
     assert len(plain) == 5 and cached == pytest.approx(plain, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def reranker_rows(tmp_path_factory, encoder_dir):
+    """(rows, a cross-encoder trained on them): relevance shows in the document's verb (one list or the other)."""
+    rng = random.Random(0)
+    rows = [{"anchor": f"{name} wrote the letter", "positive": f"the letter {rng.choice(POSITIVE)} by {name}",
+             "negative": f"the letter {rng.choice(NEGATIVE)} by {rng.choice(NAMES)}"}
+            for name in (rng.choice(NAMES) for _ in range(120))]
+    root = tmp_path_factory.mktemp("teacher")
+    (root / "triplets.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    finetune(FinetuneArgs(task="pair", model=str(encoder_dir), train_file=str(root / "triplets.jsonl"),
+                          output_dir=str(root / "reranker"), learning_rate=2e-3, num_train_epochs=4,
+                          per_device_train_batch_size=16, max_seq_length=64, show_progress=False))
+    return rows, root
+
+
+def test_a_teacher_scores_the_tuples_as_transformers_does_and_its_loss_is_added(reranker_rows, encoder_dir,
+                                                                              tokenizer):
+    """--teacher: each (anchor, candidate) gets the cross-encoder's log-odds (transformers' logits l1 - l0 on the
+    same weights), and the loss is the ranking loss plus MarginMSE (or KL) on 20 x cosine."""
+    from unmask.data.labelled import LabelledFormat, load_pairs
+    from unmask.objectives.contrastive import (
+        candidate_scores,
+        duplicate_positives,
+        kl_distillation_loss,
+        margin_mse_loss,
+        multiple_negatives_ranking_loss,
+    )
+    from unmask.train.finetune import BiEncoder, cross_encoder_scorer
+
+    rows, root = reranker_rows
+    data = load_pairs(LabelledFormat(task="embed", max_seq_length=64), tokenizer, str(root / "triplets.jsonl"),
+                      cross_encoder_scorer(str(root / "reranker"), 32))
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(root / "reranker").eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(root / "reranker")
+    for i in (0, 7):
+        inputs = hf_tokenizer([rows[i]["anchor"]] * 2, [rows[i]["positive"], rows[i]["negative"]],
+                              return_tensors="pt", padding=True)
+        with torch.no_grad():
+            logits = reference(**inputs).logits
+        assert data.teacher_scores[i] == pytest.approx((logits[:, 1] - logits[:, 0]).tolist(), abs=1e-4)
+    assert sum(s[0] > s[1] for s in data.teacher_scores) >= 110  # the teacher knows the task
+    batch = data.collate(list(range(16)), tokenizer.pad_token_id)
+    for distillation, loss_fn in (("margin_mse", margin_mse_loss), ("kl", kl_distillation_loss)):
+        model = BiEncoder(SentenceEncoder.from_pretrained(encoder_dir), distillation=distillation).eval()
+        a = model.embed(batch["input_ids"], batch["attention_mask"])
+        ids, mask = (batch[k].transpose(0, 1).reshape(32, -1) for k in ("input_ids_b", "attention_mask_b"))
+        c = model.embed(ids, mask)
+        expected = (multiple_negatives_ranking_loss(a, c, duplicate_positives(ids, 16))
+                    + loss_fn(candidate_scores(a, c.view(2, 16, -1).transpose(0, 1)), batch["teacher_scores"]))
+        assert model(**batch).loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_distilling_the_teacher_trains_and_a_wrong_teacher_is_named(tmp_path, reranker_rows, encoder_dir):
+    rows, root = reranker_rows
+    common = dict(task="embed", model=str(encoder_dir), train_file=str(root / "triplets.jsonl"), learning_rate=1e-3,
+                  num_train_epochs=2, per_device_train_batch_size=16, logging_steps=1, show_progress=False)
+    finetune(FinetuneArgs(output_dir=str(tmp_path / "kl"), teacher=str(root / "reranker"), distillation="kl",
+                          **common))
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "kl" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 16 and sum(losses[-4:]) < 0.7 * sum(losses[:4]), losses
+    wrong = r"--teacher needs a sequence classifier, and .* holds an encoder without a task head"
+    with pytest.raises(UsageError, match=wrong):
+        finetune(FinetuneArgs(output_dir=str(tmp_path / "x"), teacher=str(encoder_dir), **common))
+    with pytest.raises(UsageError, match="--distillation must be one of margin_mse, kl"):
+        FinetuneArgs(output_dir="x", distillation="mse", **common)

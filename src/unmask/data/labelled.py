@@ -12,14 +12,20 @@
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, fields, replace
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from unmask.data.collate import pad_batch
 from unmask.data.readers import column, is_sts_release, read_beir, read_conll, read_sts, read_table
 from unmask.errors import DataError
 from unmask.models.outputs import IGNORE_INDEX
+
+TeacherScorer = Callable[[list[tuple[str, str]]], Sequence[float]]  # (query, document) pairs -> a score each
 
 
 @dataclass
@@ -187,12 +193,14 @@ def tag_label_map(tags: list[list[str]]) -> dict[str, int]:
 @dataclass
 class PairData:
     """Bi-encoder training examples: (a, b) pairs with `scores` for CoSENT, or else an anchor `a`, its positive `b`
-    and the same number of hard `negatives` for each (none: in-batch negatives only)."""
+    and the same number of hard `negatives` for each (none: in-batch negatives only), with a teacher's scores of
+    the positive and each negative when distilling."""
 
     a: list[list[int]]
     b: list[list[int]]
     scores: list[float] | None
     negatives: list[list[list[int]]] | None = None  # per example, its k negatives
+    teacher_scores: list[list[float]] | None = None  # per example, 1 + k: the positive's, then each negative's
 
     def __len__(self) -> int:
         return len(self.a)
@@ -210,8 +218,11 @@ class PairData:
             input_ids_b = input_ids_b.view(len(indices), len(candidates[0]), -1)
             attention_mask_b = attention_mask_b.view(len(indices), len(candidates[0]), -1)
             labels = torch.arange(len(indices))
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "input_ids_b": input_ids_b,
-                "attention_mask_b": attention_mask_b, "labels": labels}
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "input_ids_b": input_ids_b,
+                 "attention_mask_b": attention_mask_b, "labels": labels}
+        if self.teacher_scores is not None:
+            batch["teacher_scores"] = torch.tensor([self.teacher_scores[i] for i in indices], dtype=torch.float32)
+        return batch
 
 
 def load_task_data(spec: LabelledFormat, tokenizer, path: str, label2id: dict | None):
@@ -261,11 +272,11 @@ def _from_rows(spec, tokenizer, rows, path, first, second, label2id):
     return ClassificationData(ids, types, labels, truncated)
 
 
-def load_pairs(spec: LabelledFormat, tokenizer, path: str):
+def load_pairs(spec: LabelledFormat, tokenizer, path: str, teacher: TeacherScorer | None = None):
     """Bi-encoder examples: the STS Benchmark release; a table with `anchor`, `positive` and any number of
     `negative...` columns (sentence-transformers' names: triplets, n-tuples); or two text columns (and optional
-    scores)."""
-    negatives = None
+    scores). A tuple table's label column, or else the `teacher`, gives the scores that distillation fits."""
+    negatives = teacher_scores = None
     if is_sts_release(path):
         first, second, scores = read_sts(path)
         scores = scores.tolist()
@@ -274,6 +285,7 @@ def load_pairs(spec: LabelledFormat, tokenizer, path: str):
         if "anchor" in rows[0]:
             first, second, negatives = _tuples(rows, path)
             scores = None
+            teacher_scores = _teacher_scores(rows, path, spec.label_column, first, second, negatives, teacher)
         else:
             text_column = "sentence1" if spec.text_column == "sentence" else spec.text_column
             first = [str(v) for v in column(rows, text_column, path)]
@@ -287,7 +299,37 @@ def load_pairs(spec: LabelledFormat, tokenizer, path: str):
     if negatives is not None:
         columns = [ids([row[c] for row in negatives]) for c in range(len(negatives[0]))]
         negatives = [list(example) for example in zip(*columns)] if columns else None
-    return PairData(ids(first), ids(second), scores, negatives)
+    return PairData(ids(first), ids(second), scores, negatives, teacher_scores)
+
+
+def _teacher_scores(rows: list[dict], path, label_column: str, anchors: list[str], positives: list[str],
+                    negatives: list[list[str]], teacher: TeacherScorer | None) -> list[list[float]] | None:
+    """Per row, the teacher's 1 + k scores (positive, then each negative): the `teacher`'s, or the label column's
+    list of 1 + k scores, or of k margins t_pos - t_neg_i (sentence-transformers' MarginMSE labels; read as scores
+    [0, -m_1, ...], which have the same margins and the same softmax)."""
+    if teacher is not None or label_column not in rows[0]:
+        if teacher is None:
+            return None
+        if not negatives[0]:
+            raise DataError(f"{path}: distilling a teacher's scores needs negative columns (unmask mine writes them)")
+        pairs = [(a, text) for a, p, ns in zip(anchors, positives, negatives) for text in (p, *ns)]
+        return np.asarray(teacher(pairs), dtype=np.float64).reshape(len(anchors), -1).tolist()
+    k, out = len(negatives[0]), []
+    if not k:
+        raise DataError(f"{path}: an anchor / positive table's {label_column!r} column holds a teacher's scores of "
+                        "the positive and the negatives, and this table has no negative column (scored pairs for "
+                        "CoSENT are sentence1 / sentence2 / label)")
+    for n, row in enumerate(rows, start=1):
+        value = row.get(label_column)
+        try:
+            scores = [float(v) for v in (json.loads(value) if isinstance(value, str) else value)]
+        except (TypeError, ValueError):
+            scores = []
+        if len(scores) not in (k, k + 1) or not all(map(math.isfinite, scores)):
+            raise DataError(f"{path}: row {n}: column {label_column!r} must hold the teacher's scores of the positive "
+                            f"and the {k} negatives ({k + 1} numbers), or {k} margins; got {value!r}")
+        out.append(scores if len(scores) == k + 1 else [0.0, *(-m for m in scores)])
+    return out
 
 
 def load_beir_pairs(spec: LabelledFormat, tokenizer, corpus: str, queries: str, qrels: str) -> PairData:

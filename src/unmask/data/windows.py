@@ -52,7 +52,6 @@ def make_windows(encodings: list[tuple[list[int], list[int]]], max_length: int, 
     """`encodings` are (ids, token types) of `[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]`; see the module doc."""
     if truncation not in TRUNCATION:
         raise UsageError(f"truncation must be one of {', '.join(TRUNCATION)}, got {truncation!r}")
-    stride = max_length // 4 if stride is None else stride
     out = Windows()
     for i, (ids, types) in enumerate(encodings):
         split = types.index(1) if any(types) else 1  # the content is the last segment
@@ -65,10 +64,12 @@ def make_windows(encodings: list[tuple[list[int], list[int]]], max_length: int, 
             if size < 1:
                 raise UsageError(f"input {i}: its first segment alone ({len(head) - 1} tokens) fills the context "
                                  f"of {max_length}")
-            if not 0 <= stride < size:
+            if truncation == "chunk" and stride is not None and not 0 <= stride < size:
                 raise UsageError(f"stride {stride} must be smaller than the window's {size} content tokens")
             out.longer += 1
-        starts = window_starts(len(content), size, stride)
+        # default: a quarter of the context, or of the window where a long first segment leaves less room
+        overlap = stride if stride is not None else max_length // 4 if max_length // 4 < size else size // 4
+        starts = window_starts(len(content), size, overlap)
         if truncation != "chunk":
             starts = starts[:1]
         for start in starts:

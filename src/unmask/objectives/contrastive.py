@@ -54,3 +54,24 @@ def cosent_loss(a: torch.Tensor, b: torch.Tensor, labels: torch.Tensor, scale: f
     ordered = labels[:, None] > labels[None, :]  # i should beat j
     diff = diff[ordered]
     return torch.logsumexp(torch.cat([diff.new_zeros(1), diff]), dim=0)
+
+
+def candidate_scores(anchors: torch.Tensor, candidates: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
+    """anchors (B, H), candidates (B, 1 + k, H) -> (B, 1 + k) scaled cosines of each anchor with its own positive
+    and negatives: the student's scores that distillation fits to a teacher's."""
+    anchors, candidates = F.normalize(anchors, dim=-1), F.normalize(candidates, dim=-1)
+    return torch.einsum("bh,bnh->bn", anchors, candidates).float() * scale
+
+
+def margin_mse_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """MarginMSE (Hofstaetter et al.): (B, 1 + k) scores, positive first; the student's margins s_pos - s_neg_i
+    regress onto the teacher's t_pos - t_neg_i (mean over rows and negatives)."""
+    margins = student[:, :1] - student[:, 1:]
+    return F.mse_loss(margins, (teacher[:, :1] - teacher[:, 1:]).to(margins.dtype))
+
+
+def kl_distillation_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Listwise distillation: KL(softmax(teacher) || softmax(student)) over each row's 1 + k candidates, averaged
+    over the rows (sentence-transformers' DistillKLDivLoss at temperature 1)."""
+    log_q = torch.log_softmax(student.float(), dim=1)
+    return F.kl_div(log_q, torch.softmax(teacher.float(), dim=1), reduction="batchmean")

@@ -28,11 +28,14 @@ def logits_of(model, input_ids: Sequence[Sequence[int]], token_type_ids: Sequenc
 
 
 def window_logits(model, encodings: Sequence[Encoding], pad_token_id: int, truncation: str = "chunk",
-                  stride: int | None = None, batch_size: int = 32) -> np.ndarray:
-    """(inputs, labels) logits of tokenized inputs; one longer than the context is read in windows, logits averaged."""
-    windows = make_windows([(e.ids, e.type_ids) for e in encodings], model.config.max_position_embeddings,
+                  stride: int | None = None, batch_size: int = 32, max_length: int | None = None,
+                  show_progress: bool = False) -> np.ndarray:
+    """(inputs, labels) logits of tokenized inputs; one longer than `max_length` (default and at most the context)
+    is read in windows, logits averaged."""
+    context = model.config.max_position_embeddings
+    windows = make_windows([(e.ids, e.type_ids) for e in encodings], min(max_length or context, context),
                            truncation, stride)
-    logits = logits_of(model, windows.input_ids, windows.token_type_ids, pad_token_id, batch_size)
+    logits = logits_of(model, windows.input_ids, windows.token_type_ids, pad_token_id, batch_size, show_progress)
     return mean_by_owner(logits, windows.owner, len(encodings))
 
 
@@ -67,6 +70,15 @@ def relevance(logits: np.ndarray, raw_scores: bool = False) -> np.ndarray:
     return logits[:, -1] if raw_scores else softmax(logits)[:, -1]
 
 
+def relevance_logit(logits: np.ndarray) -> np.ndarray:
+    """(pairs,) log-odds of relevance: a one-label model's logit; for a classifier, log p(last) - log(1 - p(last))
+    (with two classes, the difference of the logits). A teacher's score for distillation."""
+    if logits.shape[1] == 1:
+        return logits[:, 0]
+    rest = np.log(np.exp(logits[:, :-1] - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    return logits[:, -1] - rest
+
+
 def ranked(scores: np.ndarray) -> list[dict]:
     """`[{index, score}]`, best first."""
     return [{"index": int(i), "score": float(scores[i])} for i in np.argsort(-scores, kind="stable")]
@@ -87,3 +99,21 @@ def predict_rerank(model, tokenizer, query: str, documents: Sequence[str], trunc
     encodings = tokenizer.encode_batch(check_texts([(query, d) for d in documents]))
     logits = window_logits(model, encodings, tokenizer.pad_token_id, truncation, stride)
     return ranked(relevance(logits, raw_scores))
+
+
+def rerank_candidates(model, tokenizer, queries: Sequence[str], documents: Sequence[str],
+                      candidates: Sequence[Sequence[int]], top_k: int = 100, truncation: str = "chunk",
+                      max_length: int | None = None, batch_size: int = 32) -> list[list[int]]:
+    """Per query, its candidate documents (indices, best first) with the first `top_k` re-ordered by the
+    cross-encoder's relevance; the rest keep their place after them. Every pair is scored in one length-sorted pass."""
+    pairs = [(queries[q], documents[d]) for q, row in enumerate(candidates) for d in row[:top_k]]
+    encodings = tokenizer.encode_batch(check_texts(pairs))
+    scores = relevance_logit(window_logits(model, encodings, tokenizer.pad_token_id, truncation,
+                                           batch_size=batch_size, max_length=max_length, show_progress=True))
+    out, start = [], 0
+    for row in candidates:
+        head = list(row[:top_k])
+        order = np.argsort(-scores[start : start + len(head)], kind="stable")
+        out.append([head[i] for i in order] + list(row[top_k:]))
+        start += len(head)
+    return out

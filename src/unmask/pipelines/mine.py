@@ -18,6 +18,7 @@ import numpy as np
 from unmask.data.readers import read_beir
 from unmask.errors import UsageError
 from unmask.io import atomic_write
+from unmask.pipelines.classify import relevance_logit, window_logits
 from unmask.pipelines.search import exact_search
 
 
@@ -52,11 +53,15 @@ def cache_key(model_dir: str | Path, corpus: str | Path, max_seq_length: int) ->
 
 def mine_hard_negatives(encoder, model_dir: str | Path, corpus: str, queries: str, qrels: str,
                         num_negatives: int = 3, range_min: int = 10, range_max: int = 50, margin: float | None = None,
-                        max_score: float | None = None, batch_size: int = 64,
-                        cache_dir: str | Path | None = None) -> tuple[list[dict], int]:
+                        max_score: float | None = None, batch_size: int = 64, cache_dir: str | Path | None = None,
+                        cross_encoder=None) -> tuple[list[dict], int]:
     """Rows {anchor, positive, negative_1..negative_k} and the number of judged pairs left out (too few negatives
     passed the filters). Negatives come from ranks [range_min, range_max) of the query's search, never a judged
-    document; `margin` drops those scoring above the positive's score minus it, `max_score` those above it."""
+    document; `margin` drops those scoring above the positive's score minus it, `max_score` those above it.
+
+    With a `cross_encoder` (model, tokenizer), the positives and those candidates are rescored by it (its relevance
+    logit), the filters read its scores, the hardest it scores are taken, and each row gets `label`: its scores of
+    the positive and each negative, which `finetune embed` distils."""
     doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(corpus, queries, qrels)
     if not 0 <= range_min < range_max or range_max > len(doc_ids) or num_negatives > range_max - range_min:
         raise UsageError(f"--range_min {range_min} / --range_max {range_max} must satisfy 0 <= min < max <= the "
@@ -66,22 +71,51 @@ def mine_hard_negatives(encoder, model_dir: str | Path, corpus: str, queries: st
     query_vectors = encoder.encode(query_texts, batch_size=batch_size, normalize=True)
     ranked, scores = exact_search(query_vectors, docs, range_max)
     position = {doc: i for i, doc in enumerate(doc_ids)}
+    judged = [{position[doc] for doc in relevance[qid]} for qid in query_ids]
+    positives = [[position[doc] for doc, grade in relevance[qid].items() if grade > 0] for qid in query_ids]
+    candidates = [[(int(d), float(s)) for d, s in zip(ranked[q, range_min:], scores[q, range_min:])
+                   if d not in judged[q]] for q in range(len(query_ids))]  # best first
+    if cross_encoder is not None:
+        positive_scores, candidates = _rescored(cross_encoder, query_texts, doc_texts, positives, candidates,
+                                                batch_size)
+    else:
+        positive_scores = [[float(query_vectors[q] @ docs[d].astype(np.float32)) for d in row]
+                           for q, row in enumerate(positives)]
     rows, left_out = [], 0
-    for q, qid in enumerate(query_ids):
-        judged = {position[doc] for doc in relevance[qid]}
-        for doc, grade in relevance[qid].items():
-            if grade <= 0:
-                continue
-            positive_score = float(query_vectors[q] @ docs[position[doc]].astype(np.float32))
-            negatives = [int(d) for d, s in zip(ranked[q, range_min:], scores[q, range_min:])
-                         if d not in judged and (margin is None or s <= positive_score - margin)
+    for q, query in enumerate(query_texts):
+        for doc, positive_score in zip(positives[q], positive_scores[q]):
+            negatives = [(d, s) for d, s in candidates[q] if (margin is None or s <= positive_score - margin)
                          and (max_score is None or s <= max_score)][:num_negatives]
             if len(negatives) < num_negatives:
                 left_out += 1
                 continue
-            rows.append({"anchor": query_texts[q], "positive": doc_texts[position[doc]],
-                         **{f"negative_{i + 1}": doc_texts[d] for i, d in enumerate(negatives)}})
+            row = {"anchor": query, "positive": doc_texts[doc],
+                   **{f"negative_{i + 1}": doc_texts[d] for i, (d, _) in enumerate(negatives)}}
+            if cross_encoder is not None:
+                row["label"] = [positive_score, *(s for _, s in negatives)]
+            rows.append(row)
     return rows, left_out
+
+
+def _rescored(cross_encoder, query_texts: list[str], doc_texts: list[str], positives: list[list[int]],
+              candidates: list[list[tuple[int, float]]], batch_size: int):
+    """The cross-encoder's relevance logits of each query's positives, and its candidates rescored by it, hardest
+    first. Every pair is scored in one length-sorted pass."""
+    model, tokenizer = cross_encoder
+    pairs = [(query_texts[q], doc_texts[d]) for q in range(len(query_texts))
+             for d in [*positives[q], *(d for d, _ in candidates[q])]]
+    print(f"mine: rescoring {len(pairs):,} (query, document) pairs with the cross-encoder", file=sys.stderr)
+    logits = window_logits(model, tokenizer.encode_batch(pairs), tokenizer.pad_token_id, "truncate",
+                           batch_size=batch_size, show_progress=True)
+    flat, start = relevance_logit(logits).tolist(), 0
+    positive_scores, rescored = [], []
+    for row, found in zip(positives, candidates):
+        positive_scores.append(flat[start : start + len(row)])
+        start += len(row)
+        rescored.append(sorted(((d, s) for (d, _), s in zip(found, flat[start : start + len(found)])),
+                               key=lambda pair: -pair[1]))
+        start += len(found)
+    return positive_scores, rescored
 
 
 def write_rows(rows: list[dict], output: str | Path) -> None:

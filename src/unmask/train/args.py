@@ -12,6 +12,7 @@ from unmask.heads import FINETUNE_TASKS
 SCHEDULES = ("linear", "cosine", "constant", "warmup_stable_decay")
 OBJECTIVES = ("mlm", "electra")
 POSITION_INITS = ("sinusoidal", "normal")
+DISTILLATION_LOSSES = ("margin_mse", "kl")
 
 
 @dataclass(kw_only=True)
@@ -162,6 +163,8 @@ class FinetuneArgs(TrainingArgs):
     labels: str | None = None  # classify / pair / tag: "neg,pos", every label in id order (default: the train file)
     matryoshka_dims: str | None = None  # embed: "384,256,128,64", the loss added at each leading dimension
     mini_batch_tokens: int | None = None  # embed: gradient caching, mini-batches of at most this many tokens
+    teacher: str | None = None  # embed: a cross-encoder (finetune pair) whose scores of the tuples are distilled
+    distillation: str = "margin_mse"  # embed, with teacher scores: margin_mse | kl, added to the ranking loss
     # fine-tuning defaults differ from pretraining's
     learning_rate: float = 5e-5
     adam_beta2: float = 0.999
@@ -198,6 +201,11 @@ class FinetuneArgs(TrainingArgs):
         if self.mini_batch_tokens is not None and (self.task != "embed" or self.mini_batch_tokens < 1):
             raise UsageError(f"--mini_batch_tokens (gradient caching) is for finetune embed and at least 1, got "
                              f"{self.mini_batch_tokens}")
+        if self.teacher is not None and self.task != "embed":
+            raise UsageError("--teacher distils a cross-encoder into a bi-encoder: it is for finetune embed")
+        if self.distillation not in DISTILLATION_LOSSES:
+            raise UsageError(f"--distillation must be one of {', '.join(DISTILLATION_LOSSES)}, got "
+                             f"{self.distillation!r}")
         names = self.label_names
         if self.labels is not None and (self.task == "embed" or self.regression or not all(n.strip() for n in names)
                                         or len(set(names)) != len(names)):

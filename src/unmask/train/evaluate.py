@@ -6,6 +6,7 @@ loop adds).
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 import torch
@@ -104,15 +105,19 @@ def evaluate_sts(encoder, first: list[str], second: list[str], scores: np.ndarra
     return {"spearman": spearman(cosine, scores), "pearson": pearson(cosine, scores), "pairs": len(scores)}
 
 
-def evaluate_bm25(corpus, queries, qrels) -> dict:
+Reranker = Callable[[list[str], list[str], list[list[int]]], list[list[int]]]  # queries, documents, candidates
+
+
+def evaluate_bm25(corpus, queries, qrels, rerank: Reranker | None = None) -> dict:
     """`evaluate_retrieval`'s metrics for BM25 (k1 0.9, b 0.4): the lexical baseline, no model."""
     doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(corpus, queries, qrels)
     top = BM25(doc_texts).search(query_texts, 100)
-    return retrieval_metrics([[doc_ids[j] for j in row] for row in top], query_ids, relevance)
+    return _ranking_metrics(top, doc_ids, doc_texts, query_ids, query_texts, relevance, rerank)
 
 
 def evaluate_retrieval(encoder, corpus, queries, qrels, batch_size: int = 64, truncation: str = "chunk",
-                       stride: int | None = None, dimensions: int | None = None) -> dict:
+                       stride: int | None = None, dimensions: int | None = None,
+                       rerank: Reranker | None = None) -> dict:
     """nDCG@10, recall@100 and MRR@10 of exact search (on the vectors' leading `dimensions`); documents longer than
     max_seq_length are embedded as the mean of their windows (`truncation="truncate"` cuts them, as
     sentence-transformers does)."""
@@ -120,8 +125,18 @@ def evaluate_retrieval(encoder, corpus, queries, qrels, batch_size: int = 64, tr
     options = {"batch_size": batch_size, "truncation": truncation, "stride": stride, "dimensions": dimensions}
     doc_vectors, query_vectors = encoder.encode(doc_texts, **options), encoder.encode(query_texts, **options)
     top = exact_search(query_vectors, doc_vectors, k=100)[0]
-    ranked = [[doc_ids[j] for j in row] for row in top]
-    return retrieval_metrics(ranked, query_ids, relevance)
+    return _ranking_metrics(top, doc_ids, doc_texts, query_ids, query_texts, relevance, rerank)
+
+
+def _ranking_metrics(top, doc_ids, doc_texts, query_ids, query_texts, relevance, rerank: Reranker | None) -> dict:
+    """The metrics of the first stage's top 100 per query; with `rerank` (a cross-encoder re-ordering them), the
+    metrics of its order, and the first stage's nDCG@10 beside them."""
+    metrics = retrieval_metrics([[doc_ids[j] for j in row] for row in top], query_ids, relevance)
+    if rerank is None:
+        return metrics
+    reranked = rerank(query_texts, doc_texts, [list(row) for row in top])
+    return {**retrieval_metrics([[doc_ids[j] for j in row] for row in reranked], query_ids, relevance),
+            "retriever_ndcg@10": metrics["ndcg@10"], "retriever_mrr@10": metrics["mrr@10"]}
 
 
 def evaluate_classification(model, data: ClassificationData, pad_token_id: int, batch_size: int = 64,

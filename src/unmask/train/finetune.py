@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from unmask import models
@@ -26,9 +28,19 @@ from unmask.data.labelled import (
 )
 from unmask.data.readers import is_sts_release, read_sts
 from unmask.errors import DataError, UsageError
-from unmask.heads import TASK_HEADS
+from unmask.heads import TASK_HEADS, check_head
+from unmask.hub import read_config
 from unmask.io import atomic_write_text
-from unmask.objectives.contrastive import cosent_loss, duplicate_positives, multiple_negatives_ranking_loss
+from unmask.objectives.contrastive import (
+    candidate_scores,
+    cosent_loss,
+    duplicate_positives,
+    kl_distillation_loss,
+    margin_mse_loss,
+    multiple_negatives_ranking_loss,
+)
+from unmask.pipelines.batching import check_texts
+from unmask.pipelines.classify import relevance_logit, window_logits
 from unmask.pipelines.embed import SentenceEncoder, pool
 from unmask.tokenizer import load_tokenizer
 from unmask.train.args import FinetuneArgs
@@ -54,7 +66,7 @@ class BiEncoder(torch.nn.Module):
     base_model_prefix = "bert"
 
     def __init__(self, encoder: SentenceEncoder, matryoshka_dims: list[int] | None = None,
-                 mini_batch_tokens: int | None = None):
+                 mini_batch_tokens: int | None = None, distillation: str = "margin_mse"):
         super().__init__()
         self.encoder = encoder
         self.bert = encoder.model  # registered here, so optimiser, DDP and checkpoints see the encoder's weights
@@ -65,6 +77,7 @@ class BiEncoder(torch.nn.Module):
                              f"{width} dimensions")
         self.dims = matryoshka_dims or [width]  # the loss at each leading dimension, summed (Matryoshka)
         self.mini_batch_tokens = mini_batch_tokens  # set: gradient caching, mini-batches of this many tokens
+        self.distill = {"margin_mse": margin_mse_loss, "kl": kl_distillation_loss}[distillation]
 
     def embed_all(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.mini_batch_tokens and self.training:
@@ -74,7 +87,8 @@ class BiEncoder(torch.nn.Module):
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return pool(self.bert(input_ids, attention_mask).last_hidden_state, attention_mask, self.encoder.pooling)
 
-    def forward(self, input_ids, attention_mask, input_ids_b, attention_mask_b, labels) -> _LossOutput:
+    def forward(self, input_ids, attention_mask, input_ids_b, attention_mask_b, labels,
+                teacher_scores=None) -> _LossOutput:
         a = self.embed_all(input_ids, attention_mask)  # (B, H)
         if labels.is_floating_point():  # scored pairs: (B, T) each
             b = self.embed_all(input_ids_b, attention_mask_b)
@@ -83,11 +97,32 @@ class BiEncoder(torch.nn.Module):
         candidate_ids = input_ids_b.transpose(0, 1).reshape(B * n, T)
         candidates = self.embed_all(candidate_ids, attention_mask_b.transpose(0, 1).reshape(B * n, T))  # (C, H)
         duplicates = duplicate_positives(candidate_ids, B)
-        return _LossOutput(sum(multiple_negatives_ranking_loss(a[:, :d], candidates[:, :d], duplicates)
-                               for d in self.dims))
+        loss = sum(multiple_negatives_ranking_loss(a[:, :d], candidates[:, :d], duplicates) for d in self.dims)
+        if teacher_scores is not None:  # (B, 1 + k): each anchor's own candidates, as the teacher scored them
+            own = candidates.view(n, B, -1).transpose(0, 1)  # (B, 1 + k, H)
+            loss = loss + sum(self.distill(candidate_scores(a[:, :d], own[..., :d]), teacher_scores)
+                              for d in self.dims)
+        return _LossOutput(loss)
 
     def save_pretrained(self, output_dir, tokenizer=None) -> Path:
         return self.encoder.save_pretrained(output_dir)
+
+
+def cross_encoder_scorer(path: str, batch_size: int):
+    """(query, document) pairs -> the cross-encoder's relevance logit of each (documents cut at its context)."""
+    config = read_config(path)
+    check_head("finetune embed --teacher", "rerank", path, config.architectures)  # never a made-up random head
+    model = load_head_model("rerank", path, config=config).eval()
+    tokenizer = load_tokenizer(path, model.config)
+    print(f"scoring the training tuples with the teacher {path}", file=sys.stderr, flush=True)
+
+    def score(pairs: list[tuple[str, str]]) -> np.ndarray:
+        encodings = tokenizer.encode_batch(check_texts(pairs))
+        logits = window_logits(model, encodings, tokenizer.pad_token_id, "truncate", batch_size=batch_size,
+                               show_progress=True)
+        return relevance_logit(logits)
+
+    return score
 
 
 def labelled_format(args: FinetuneArgs) -> LabelledFormat:
@@ -98,10 +133,14 @@ def _embed_setup(args: FinetuneArgs, tokenizer):
     """(bi-encoder to train, training pairs, evaluate) for the embed task; validation is an STS file."""
     encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length)
     spec = labelled_format(args)
-    train = (load_pairs(spec, tokenizer, args.train_file) if args.train_file else
+    if args.teacher and not args.train_file:
+        raise UsageError("--teacher scores each anchor's positive and hard negatives: give a --train_file of "
+                         "(anchor, positive, negative...) rows, e.g. from unmask mine")
+    teacher = cross_encoder_scorer(args.teacher, args.per_device_eval_batch_size) if args.teacher else None
+    train = (load_pairs(spec, tokenizer, args.train_file, teacher) if args.train_file else
              load_beir_pairs(spec, tokenizer, args.corpus, args.queries, args.qrels))
     train = first_examples(train, args.max_train_samples)
-    model = BiEncoder(encoder, args.dimensions, args.mini_batch_tokens)
+    model = BiEncoder(encoder, args.dimensions, args.mini_batch_tokens, args.distillation)
     if not args.validation_file:
         return model, train, None
     valid = [part[: args.max_eval_samples] for part in read_sts(args.validation_file)]
