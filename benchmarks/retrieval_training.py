@@ -12,7 +12,8 @@ split holds out 200 queries (and their judgements) for evaluation, the rest trai
   reference  sentence-transformers' SentenceTransformerTrainer + CachedMultipleNegativesRankingLoss
              (mini_batch_size 32: 32 x 256 tokens), the same rows, batch size, learning rate, epochs, seed,
              warmup (10%) and weight decay (0.01)
-  rerank     `unmask finetune pair` (a cross-encoder) on the same triplets, re-ranking ours' top 100
+  rerank     `unmask finetune pair` (a cross-encoder, 1 epoch, pairs of 320 tokens) on the same triplets,
+             re-ranking ours' top 100 (`eval retrieval --reranker`)
   matryoshka `finetune embed --matryoshka_dims 384,256,128,64`, scored at 128 dimensions and at all 384
   distill    `finetune embed --teacher` the reranker (MarginMSE), the nDCG@10 it adds over `ours`
 
@@ -145,7 +146,8 @@ def stage(name: str, work: Path, args) -> dict:
                                       str(work / "tuples.jsonl"), "--output_dir", str(work / "reranker"),
                                       "--max_seq_length", "320", "--per_device_train_batch_size", "32",
                                       "--learning_rate", "5e-5", "--num_train_epochs", "1", "--seed", "42"))
-        reranked = evaluate(work, str(work / "ours"), "--reranker", str(work / "reranker"))
+        reranked = evaluate(work, str(work / "ours"), "--reranker", str(work / "reranker"),
+                            "--reranker_max_length", "320")  # pairs as long as it was trained on
         return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak), **reranked}
     if name == "matryoshka":
         result = train_ours(work, args, "matryoshka", "--matryoshka_dims", "384,256,128,64")

@@ -146,6 +146,14 @@ _HELP = {
                "training; its scores are distilled (a tuple table's label column can hold them instead)",
     "distillation": "embed, with a teacher's scores: margin_mse (MarginMSE) or kl (listwise KL), added to the "
                     "ranking loss, on 20 x cosine",
+    "anchor_column": "embed / pair: the anchor (query) column of an (anchor, positive, negative...) table",
+    "positive_column": "embed / pair: the positive column of such a table",
+    "negative_columns": "embed / pair: its negative columns, separated by commas (default: every column whose name "
+                        "starts with 'negative')",
+    "symmetric": "embed: the ranking loss also picks each positive's anchor among the batch's anchors (as "
+                 "sentence-transformers' MultipleNegativesSymmetricRankingLoss)",
+    "query_regularizer_weight": "sparse: FLOPS regularisation on the anchors' SPLADE vectors (keeps them sparse)",
+    "document_regularizer_weight": "sparse: FLOPS regularisation on the documents' SPLADE vectors",
     "matryoshka_dims": "embed: add the loss at each of these leading dimensions, truncated and renormalised "
                        "(Matryoshka), e.g. 384,256,128,64",
     "label_scale": "regression: targets are divided by this (STS-B's 0-5 scores: 5)",
@@ -377,14 +385,34 @@ def _run_embed(args) -> None:
     from unmask.data.readers import read_sentences
     from unmask.pipelines.embed import SentenceEncoder
 
+    sentences = read_sentences(args.input)
+    if args.sparse:
+        return _embed_sparse(args, sentences)
     encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length, int8=args.int8,
                                               bf16=args.bf16)
-    sentences = read_sentences(args.input)
     vectors = encoder.encode(sentences, batch_size=args.batch_size, normalize=args.normalize,
                              truncation=args.truncation, stride=args.stride, dimensions=args.dimensions)
     np.save(args.output, vectors)
     _report(args, {}, f"{len(sentences):,} sentences -> {args.output} ({vectors.shape[0]} x {vectors.shape[1]}, "
                       "float32)")
+
+
+def _embed_sparse(args, sentences: list[str]) -> None:
+    """`embed --sparse`: SPLADE vectors of a masked-LM, one JSON object {vocabulary id: weight} per line."""
+    from unmask.io import atomic_write_text
+    from unmask.pipelines.sparse import sparse_encode
+
+    if args.dimensions is not None or args.normalize:
+        raise UsageError("--sparse writes SPLADE weights over the vocabulary: --dimensions and --normalize are for "
+                         "dense vectors")
+    model, tokenizer = _model_for("unmask embed --sparse", "sparse", args.model, args.int8, args.bf16)
+    vectors = sparse_encode(model, tokenizer, sentences, batch_size=args.batch_size, truncation=args.truncation,
+                            stride=args.stride, max_length=args.max_seq_length)
+    atomic_write_text(args.output, "".join(json.dumps({str(i): round(w, 6) for i, w in v.items()}) + "\n"
+                                            for v in vectors))
+    mean = sum(map(len, vectors)) / max(1, len(vectors))
+    _report(args, {}, f"{len(sentences):,} sentences -> {args.output} (SPLADE, {mean:,.0f} non-zero weights each "
+                      f"on average of {model.config.vocab_size:,})")
 
 
 def _run_mine(args) -> None:
@@ -417,9 +445,19 @@ def _run_eval_sts(args) -> None:
 def _run_eval_retrieval(args) -> None:
     from unmask.train.evaluate import evaluate_bm25, evaluate_retrieval
 
+    if args.bm25 and args.sparse:
+        raise UsageError("--bm25 scores words without a model, --sparse a model's SPLADE vectors: give one")
     rerank = _reranker(args) if args.reranker else None
     if args.bm25:
         _report(args, evaluate_bm25(args.corpus, args.queries, args.qrels, rerank))
+        return
+    if args.sparse:
+        from unmask.train.evaluate import evaluate_sparse_retrieval
+
+        model, tokenizer = _model_for("unmask eval retrieval --sparse", "sparse", args.model, args.int8, args.bf16)
+        _report(args, evaluate_sparse_retrieval(model, tokenizer, args.corpus, args.queries, args.qrels,
+                                                batch_size=args.batch_size, truncation=args.truncation,
+                                                stride=args.stride, rerank=rerank))
         return
     from unmask.pipelines.embed import SentenceEncoder
 
@@ -536,10 +574,12 @@ def _add_training_commands(commands) -> None:
     _add_dataclass_flags(pretrain, PretrainArgs)
     pretrain.set_defaults(run=_run_pretrain)
 
-    finetune = commands.add_parser("finetune", help="fine-tune a head: classify, tag, pair or embed")
+    finetune = commands.add_parser("finetune", help="fine-tune a head: classify, tag, pair, embed or sparse")
     finetune.add_argument("task", choices=FINETUNE_TASKS, help="classify (a text -> a label), pair (two texts -> "
-                          "a label or score), tag (a label per word), embed (sentence vectors from pairs)")
-    _add_model(finetune, "the encoder to fine-tune: ours, a transformers or a sentence-transformers directory")
+                          "a label or score), tag (a label per word), embed (sentence vectors from pairs), sparse "
+                          "(SPLADE vectors from a masked-LM)")
+    _add_model(finetune, "the encoder to fine-tune: ours, a transformers or a sentence-transformers directory "
+                         "(sparse: a masked-LM directory)")
     _add_dataclass_flags(finetune, FinetuneArgs, skip=("task", "model"), helps=_FINETUNE_HELP)
     finetune.set_defaults(run=_run_finetune)
 
@@ -558,7 +598,10 @@ def _add_inference_commands(commands) -> None:
     embed = commands.add_parser("embed", help="sentence embeddings of a text file (one sentence per line)")
     _add_model(embed, "a sentence-transformers or HF encoder directory")
     embed.add_argument("--input", required=True, help="UTF-8 text, one sentence per line")
-    embed.add_argument("--output", required=True, help="where the (N, H) float32 .npy goes")
+    embed.add_argument("--output", required=True,
+                       help="where the (N, H) float32 .npy goes (--sparse: JSONL, {vocabulary id: weight} a line)")
+    embed.add_argument("--sparse", action="store_true",
+                       help="SPLADE vectors from a masked-LM directory (finetune sparse) instead of dense ones")
     embed.add_argument("--batch_size", type=int, default=32, help="sentences per forward pass (default 32)")
     embed.add_argument("--normalize", action=_Switch, default=None,
                        help="L2-normalise (default: as the model directory says)")
@@ -666,6 +709,9 @@ def _add_eval_embeddings(eval_commands) -> None:
     _add_dimensions(retrieval)
     retrieval.add_argument("--bm25", action="store_true",
                            help="score BM25 (k1 0.9, b 0.4), the lexical baseline, instead of a model")
+    retrieval.add_argument("--sparse", action="store_true",
+                           help="score SPLADE vectors of a masked-LM directory (finetune sparse) through an "
+                                "inverted index")
     retrieval.add_argument("--reranker", default=None, metavar="CROSS_ENCODER",
                            help="re-order each query's top --rerank_top_k with this cross-encoder (finetune pair); "
                                 "the retriever's nDCG@10 and MRR@10 are reported beside")

@@ -16,13 +16,14 @@ HEADS = ("encoder", "masked-lm", "sequence-classification", "token-classificatio
 # task -> the head it trains or runs
 TASK_HEADS = {
     "embed": "encoder",  # sentence vectors (pooling over the encoder's token vectors)
+    "sparse": "masked-lm",  # SPLADE vectors over the vocabulary, from the masked-LM head
     "fill-mask": "masked-lm",
     "classify": "sequence-classification",  # one text -> a label
     "pair": "sequence-classification",  # two texts -> a label or a score (a cross-encoder)
     "rerank": "sequence-classification",  # a query and documents -> relevance, with a pair model
     "tag": "token-classification",  # a label per word
 }
-FINETUNE_TASKS = ("classify", "pair", "tag", "embed")  # `unmask finetune TASK`
+FINETUNE_TASKS = ("classify", "pair", "tag", "embed", "sparse")  # `unmask finetune TASK`
 LABELLED_TASKS = ("classify", "pair", "tag")  # `unmask eval TASK`: metrics on a labelled file
 PREDICT_TASKS = ("classify", "tag", "rerank")  # `unmask predict TASK`
 SERVED_TASK = {"encoder": "embed", "masked-lm": "fill-mask", "sequence-classification": "classify",
@@ -43,7 +44,8 @@ def head_of(architectures: list[str] | None) -> str:
 # what a user can run on a directory with each head (the hint when a command gets the wrong kind)
 COMMANDS_FOR_HEAD = {
     "encoder": "unmask embed, unmask eval sts / retrieval, unmask finetune, unmask serve",
-    "masked-lm": "unmask fill-mask, unmask eval mlm, unmask pretrain --model_name_or_path, unmask serve",
+    "masked-lm": "unmask fill-mask, unmask eval mlm, unmask pretrain --model_name_or_path, unmask finetune sparse, "
+                 "unmask embed / eval retrieval --sparse, unmask serve",
     "sequence-classification": "unmask predict classify / rerank, unmask eval classify / pair, unmask serve",
     "token-classification": "unmask predict tag, unmask eval tag, unmask serve",
 }

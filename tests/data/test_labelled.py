@@ -80,3 +80,19 @@ def test_a_teacher_scores_every_candidate_in_row_order(tmp_path, tokenizer):
     data = load_pairs(LabelledFormat(task="embed"), tokenizer, _write(tmp_path / "t.jsonl", rows), teacher)
     assert seen == [("q0", "d0"), ("q0", "n0"), ("q1", "d1"), ("q1", "n1"), ("q2", "d2"), ("q2", "n2")]
     assert data.teacher_scores == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+
+
+def test_tuple_columns_can_be_named(tmp_path, tokenizer):
+    """--anchor_column / --positive_column / --negative_columns read a table with other names (embed and pair)."""
+    from unmask.data.labelled import load_task_data
+
+    rows = [{"query": f"q{i}", "doc": f"doc {i}", "hard": f"bad {i}", "negative_x": "ignored"} for i in range(4)]
+    path = _write(tmp_path / "named.jsonl", rows)
+    spec = LabelledFormat(task="embed", anchor_column="query", positive_column="doc", negative_columns="hard")
+    data = load_pairs(spec, tokenizer, path)
+    assert len(data) == 4 and [len(n) for n in data.negatives] == [1] * 4
+    assert data.negatives[2][0] == tokenizer.encode_batch(["bad 2"])[0].ids
+    pairs, label2id = load_task_data(LabelledFormat(**{**spec.__dict__, "task": "pair"}), tokenizer, path, None)
+    assert len(pairs) == 8 and label2id == {"0": 0, "1": 1}
+    with pytest.raises(DataError, match=r"row 1: column 'missing' is missing or empty"):
+        load_pairs(LabelledFormat(task="embed", anchor_column="query", positive_column="missing"), tokenizer, path)

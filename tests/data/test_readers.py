@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from unmask.data.readers import read_conll, read_table
+from unmask.data.readers import read_beir, read_conll, read_table
 from unmask.errors import DataError
 
 SST2_LIKE = ("sentence\tlabel\nhide new secretions from the parental units \t0\n"
@@ -40,3 +42,33 @@ def test_tables_follow_the_csv_quoting_rules_and_refuse_surplus_fields(tmp_path)
     surplus.write_text("sentence,label\ngood film,1\nbad, really bad film,0\n")
     with pytest.raises(DataError, match=r"surplus.csv:3: 3 fields, the header has 2; quote a field that holds"):
         read_table(surplus)
+
+
+def _beir(tmp_path, qrels: str, corpus: list | None = None, queries: list | None = None):
+    files = {"corpus": tmp_path / "corpus.jsonl", "queries": tmp_path / "queries.jsonl", "qrels": tmp_path / "q.tsv"}
+    corpus = corpus or [{"_id": "d1", "title": "T", "text": "one"}, {"_id": "d2", "text": ""}]
+    queries = queries or [{"_id": "q1", "text": "first"}, {"_id": "q2", "text": "second"}]
+    files["corpus"].write_text("".join(json.dumps(d) + "\n" for d in corpus))
+    files["queries"].write_text("".join(json.dumps(q) + "\n" for q in queries))
+    files["qrels"].write_text("query-id\tcorpus-id\tscore\n" + qrels)
+    return {k: str(v) for k, v in files.items()}
+
+
+@pytest.mark.parametrize("qrels, corpus, queries, problem", [
+    ("q1\td1\t1\nq2\td9\t1\n", None, None, r"q.tsv:3: document 'd9' is not in .*corpus.jsonl"),
+    ("q1\td1\t1\nq7\td1\t1\n", None, None, r"q.tsv:3: query 'q7' is not in .*queries.jsonl"),
+    ("q1\td1\t1\nq2\td2\t2\n", None, None, r"q.tsv:3: document 'd2' is judged relevant but has no title or text"),
+    ("q1\td1\thigh\n", None, None, r"q.tsv:2: expected query-id, corpus-id and an integer score"),
+    ("q1\td1\n", None, None, r"q.tsv:2: expected query-id, corpus-id and an integer score"),
+    ("q1\td1\t1\n", [{"title": "no id"}], None, r"corpus.jsonl:1: no '_id'"),
+    ("q1\td1\t1\n", None, [{"_id": "q1", "text": "a"}, {"_id": "q2"}], r"queries.jsonl:2: no 'text'"),
+    ("q1\td1\t1\n", None, [{"_id": "q1", "text": "a"}, ["q2"]], r"queries.jsonl:2: expected a JSON object"),
+])
+def test_beir_faults_name_the_file_and_line(tmp_path, qrels, corpus, queries, problem):
+    with pytest.raises(DataError, match=problem):
+        read_beir(**_beir(tmp_path, qrels, corpus, queries))
+
+
+def test_beir_reads_title_and_text_joined_and_integer_valued_scores(tmp_path):
+    doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(**_beir(tmp_path, "q1\td1\t1.0\nq1\td2\t0\n"))
+    assert doc_texts == ["T one", ""] and query_ids == ["q1"] and relevance == {"q1": {"d1": 1, "d2": 0}}

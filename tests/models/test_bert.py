@@ -349,5 +349,8 @@ def test_sparse_head_runs_the_last_feed_forward_at_labelled_rows_only():
     labels[1, 12] = 7  # a label on a padding position
     with pytest.raises(ValueError, match="padding"):
         ours(ids, mask, types, labels=labels, sparse_prediction=True)
-    with pytest.raises(ValueError, match="sparse_prediction needs labels"):
-        ours(ids, mask, types, sparse_prediction=True)
+    with torch.no_grad():  # no labels: logits at every real token, no loss (SPLADE)
+        everywhere = ours(ids, mask, types, sparse_prediction=True)
+        full = ours(ids, mask, types).logits
+    assert everywhere.loss is None and everywhere.predicted_positions.equal(mask.bool())
+    assert torch.allclose(everywhere.logits, full[mask.bool()], atol=1e-5)

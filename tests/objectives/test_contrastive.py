@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from unmask.objectives.contrastive import duplicate_positives, multiple_negatives_ranking_loss
+from unmask.objectives.contrastive import duplicate_positives, multiple_negatives_ranking_loss, text_keys
 
 
 def _embeddings(seed: int, batch: int = 8, negatives: int = 2, width: int = 16) -> list[torch.Tensor]:
@@ -33,8 +33,12 @@ def test_a_repeated_positive_leaves_the_softmax():
     anchors, positives, negatives = (t.detach() for t in _embeddings(1, batch=4, negatives=1))
     candidate_ids = torch.tensor([[5, 6, 0], [7, 8, 9], [5, 6, 0], [3, 0, 0],  # positive 2 repeats positive 0
                                   [1, 2, 0], [7, 8, 9], [4, 4, 0], [2, 0, 0]])  # negative of anchor 1 = positive 1
-    same = duplicate_positives(candidate_ids, 4)
+    keys = text_keys(candidate_ids, (candidate_ids != 0).long())
+    padded = torch.tensor([[5, 6, 0, 0]])  # the same text padded to another length: the same key
+    assert text_keys(padded, (padded != 0).long()).item() == keys[0].item() != keys[4].item()
+    same = duplicate_positives(keys, torch.arange(4))
     assert same.nonzero().tolist() == [[0, 2], [1, 5], [2, 0]]
+    assert duplicate_positives(keys, torch.arange(2, 4)).nonzero().tolist() == [[0, 0]]  # another rank's anchors
     candidates = torch.cat([positives, negatives])
     loss = multiple_negatives_ranking_loss(anchors, candidates, same)
     scores = torch.nn.functional.normalize(anchors, dim=-1) @ torch.nn.functional.normalize(candidates, dim=-1).T * 20
@@ -42,6 +46,8 @@ def test_a_repeated_positive_leaves_the_softmax():
                for i in range(4)]
     assert loss.item() == pytest.approx(-torch.stack(by_hand).mean().item(), abs=1e-6)
     assert loss < multiple_negatives_ranking_loss(anchors, candidates)  # the repeat no longer counts against it
+    part = multiple_negatives_ranking_loss(anchors, candidates, same[2:], rows=slice(2, 4))  # anchors 2-3 only
+    assert part.item() == pytest.approx(-torch.stack(by_hand[2:]).mean().item(), abs=1e-6)
 
 
 @pytest.mark.parametrize("name", ["MarginMSELoss", "DistillKLDivLoss"])

@@ -39,6 +39,9 @@ class LabelledFormat:
     regression: bool = False  # predict a number (num_labels = 1, MSE)
     label_scale: float = 1.0  # regression targets are divided by this (STS-B: 5)
     max_seq_length: int = 128
+    anchor_column: str = "anchor"  # tuple tables (embed, pair): the query / anchor text
+    positive_column: str = "positive"
+    negative_columns: str | None = None  # "neg_a,neg_b"; default every column whose name starts with "negative"
 
 
 @dataclass
@@ -242,8 +245,8 @@ def load_task_data(spec: LabelledFormat, tokenizer, path: str, label2id: dict | 
         if text_column == "sentence":
             text_column = "sentence1"
     rows = read_table(path)  # once: the tuple check, the label map and the examples read these rows
-    if spec.task == "pair" and "anchor" in rows[0] and not spec.regression:  # tuples: relevant 1, not 0
-        anchors, positives, negatives = _tuples(rows, path)
+    if spec.task == "pair" and spec.anchor_column in rows[0] and not spec.regression:  # tuples: relevant 1, not 0
+        anchors, positives, negatives = _tuples(spec, rows, path)
         if not negatives[0]:
             raise DataError(f"{path}: a cross-encoder learns from negatives too: add negative columns (an anchor / "
                             "positive table trains finetune embed)")
@@ -282,8 +285,8 @@ def load_pairs(spec: LabelledFormat, tokenizer, path: str, teacher: TeacherScore
         scores = scores.tolist()
     else:
         rows = read_table(path)
-        if "anchor" in rows[0]:
-            first, second, negatives = _tuples(rows, path)
+        if spec.anchor_column in rows[0]:
+            first, second, negatives = _tuples(spec, rows, path)
             scores = None
             teacher_scores = _teacher_scores(rows, path, spec.label_column, first, second, negatives, teacher)
         else:
@@ -336,12 +339,9 @@ def load_beir_pairs(spec: LabelledFormat, tokenizer, corpus: str, queries: str, 
     """(query, document) pairs for every judgement above 0 of a BEIR training set (title and text joined, as BEIR
     does): multiple-negatives ranking, the other documents of a batch its negatives."""
     doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(corpus, queries, qrels)
-    text_of = dict(zip(doc_ids, doc_texts))
+    text_of = dict(zip(doc_ids, doc_texts))  # read_beir refuses a relevant document without text
     pairs = [(query, text_of[doc]) for qid, query in zip(query_ids, query_texts)
              for doc, score in relevance[qid].items() if score > 0]
-    empty = next((doc for qid in query_ids for doc in relevance[qid] if not text_of[doc].strip()), None)
-    if empty is not None:
-        raise DataError(f"{corpus}: document {empty!r} is judged relevant in {qrels} but has no title or text")
     if not pairs:
         raise DataError(f"{qrels}: no judgement above 0, so no training pair")
     return PairData(_piece_ids(tokenizer, [q for q, _ in pairs], spec.max_seq_length),
@@ -354,16 +354,18 @@ def _piece_ids(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
             for e in tokenizer.encode_batch(texts)]
 
 
-def _tuples(rows: list[dict], path) -> tuple[list[str], list[str], list[list[str]]]:
+def _tuples(spec: LabelledFormat, rows: list[dict], path) -> tuple[list[str], list[str], list[list[str]]]:
     """(anchors, positives, each row's negatives) of an (anchor, positive, negative...) table; a missing or empty
     cell is an error naming its row."""
-    negative_columns = [name for name in rows[0] if name.startswith("negative")]
+    negative_columns = (spec.negative_columns.split(",") if spec.negative_columns else
+                        [name for name in rows[0] if name.startswith("negative")])
+    columns = [spec.anchor_column, spec.positive_column, *negative_columns]
     for n, row in enumerate(rows, start=1):
-        for name in ["anchor", "positive", *negative_columns]:
+        for name in columns:
             if not isinstance(row.get(name), str) or not row[name].strip():
                 raise DataError(f"{path}: row {n}: column {name!r} is missing or empty (every row of an anchor / "
-                                f"positive / negative table needs all of {['anchor', 'positive', *negative_columns]})")
-    return ([r["anchor"] for r in rows], [r["positive"] for r in rows],
+                                f"positive / negative table needs all of {columns})")
+    return ([r[spec.anchor_column] for r in rows], [r[spec.positive_column] for r in rows],
             [[r[name] for name in negative_columns] for r in rows])
 
 

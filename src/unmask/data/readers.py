@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ def read_table(path: str | Path) -> list[dict[str, str]]:
     path = Path(path)
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     if name.endswith((".jsonl", ".json")):
-        rows = _read_jsonl(path)
+        rows = [record for _, record in _read_jsonl(path)]
     else:
         lines = _read_lines(path)
         delimiter = _delimiter(name, lines[0])
@@ -138,43 +139,68 @@ def read_sts(path: str | Path, sentence1_column: str | None = None, sentence2_co
     return [str(t) for t in first], [str(t) for t in second], np.asarray(scores)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def _read_jsonl(path: Path, required: tuple[str, ...] = ()) -> list[tuple[int, dict]]:
+    """(line number, record) of each non-blank line; a line that is not a JSON object, or lacks a `required` field
+    (or has it empty), names itself."""
     records = []
     for n, line in enumerate(_read_lines(path), start=1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not JSON ({e.msg})") from e
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{n}: not JSON ({e.msg})") from e
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
+        for name in required:
+            if record.get(name) in (None, ""):
+                raise DataError(f"{path}:{n}: no {name!r} (a BEIR {path.name} line needs {', '.join(required)})")
+        records.append((n, record))
     return records
 
 
-def read_beir(corpus: str | Path, queries: str | Path, qrels: str | Path):
-    """(doc ids, doc texts, query ids, query texts, {query: {doc: relevance}}) for the queries that have qrels."""
-    docs = _read_jsonl(Path(corpus))
-    doc_ids = [str(d["_id"]) for d in docs]
-    doc_texts = [(d.get("title", "") + " " + d.get("text", "")).strip() for d in docs]
+def _read_qrels(qrels: Path) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], int]]:
+    """({query: {doc: relevance}}, the line of each judgement)."""
     relevance: dict[str, dict[str, int]] = {}
-    lines = _read_lines(Path(qrels))
-    for n, line in enumerate(lines, start=1):
+    where: dict[tuple[str, str], int] = {}
+    for n, line in enumerate(_read_lines(qrels), start=1):
         parts = line.strip().split("\t")
-        if n == 1 and not parts[-1].lstrip("-").isdigit():
-            continue  # header
-        if len(parts) < 3:
-            raise DataError(f"{qrels}:{n}: expected query-id, corpus-id, score")
-        relevance.setdefault(parts[0], {})[parts[1]] = int(parts[2])
-    known = set(doc_ids)
-    unknown = {d for rel in relevance.values() for d in rel} - known
-    if unknown:
-        raise DataError(f"{qrels}: {len(unknown)} judged document(s) are not in {corpus} (e.g. {sorted(unknown)[0]})")
-    every_query = _read_jsonl(Path(queries))
-    unknown = set(relevance) - {str(q["_id"]) for q in every_query}
-    if unknown:
-        raise DataError(f"{qrels}: {len(unknown)} judged query id(s) are not in {queries} (e.g. {sorted(unknown)[0]})")
-    queries_list = [q for q in every_query if str(q["_id"]) in relevance]
-    if not queries_list:
+        if not line.strip() or (n == 1 and not parts[-1].lstrip("-").isdigit()):
+            continue  # blank, or the header
+        try:
+            score = float(parts[2]) if len(parts) == 3 else math.nan
+        except ValueError:
+            score = math.nan
+        if not score.is_integer():
+            raise DataError(f"{qrels}:{n}: expected query-id, corpus-id and an integer score, tab-separated; got "
+                            f"{line.strip()[:80]!r}")
+        relevance.setdefault(parts[0], {})[parts[1]] = int(score)
+        where[parts[0], parts[1]] = n
+    return relevance, where
+
+
+def read_beir(corpus: str | Path, queries: str | Path, qrels: str | Path):
+    """(doc ids, doc texts, query ids, query texts, {query: {doc: relevance}}) for the queries that have qrels; title
+    and text joined as BEIR does. A judgement naming an unknown document or query, or a relevant document with no
+    text, is an error naming its line."""
+    corpus, queries, qrels = Path(corpus), Path(queries), Path(qrels)
+    docs = [record for _, record in _read_jsonl(corpus, ("_id",))]
+    doc_ids = [str(d["_id"]) for d in docs]
+    doc_texts = [(str(d.get("title") or "") + " " + str(d.get("text") or "")).strip() for d in docs]
+    relevance, where = _read_qrels(qrels)
+    text_of = dict(zip(doc_ids, doc_texts))
+    query_text = {str(q["_id"]): str(q["text"]) for _, q in _read_jsonl(queries, ("_id", "text"))}
+    for (query, doc), n in where.items():
+        if doc not in text_of:
+            raise DataError(f"{qrels}:{n}: document {doc!r} is not in {corpus}")
+        if query not in query_text:
+            raise DataError(f"{qrels}:{n}: query {query!r} is not in {queries}")
+        if relevance[query][doc] > 0 and not text_of[doc]:
+            raise DataError(f"{qrels}:{n}: document {doc!r} is judged relevant but has no title or text in {corpus}")
+    query_ids = [q for q in query_text if q in relevance]
+    if not query_ids:
         raise DataError(f"{queries}: no query has a judgement in {qrels}")
-    return doc_ids, doc_texts, [str(q["_id"]) for q in queries_list], [q["text"] for q in queries_list], relevance
+    return doc_ids, doc_texts, query_ids, [query_text[q] for q in query_ids], relevance
 
 
 def is_sts_release(path: str) -> bool:

@@ -105,7 +105,9 @@ def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Unpadded, w
     if batch.padded_positions is None:  # nothing is padded (packed pretraining): a view, and SDPA without a mask
         q, k, v = (t.view(B, T, nh, hd).transpose(1, 2) for t in (q, k, v))
         return local_or_global(q, k, v, window, None, dropout_p).transpose(1, 2).reshape(N, nh, hd)
-    if q.device.type == "cpu" and not torch.is_grad_enabled():
+    if q.device.type == "cpu" and not torch.is_grad_enabled() and dropout_p == 0.0:
+        # inference; not a no-grad pass in training, whose dropout must draw as the pass with gradients does
+        # (gradient caching replays its mini-batches with the same random state)
         return _each_sequence(q, k, v, batch, window, dropout_p)
     # back to a right-padded batch for one SDPA call (in training on the CPU too: autograd over one slice per
     # sequence costs more than the padding saves; BENCHMARKS.md)

@@ -19,7 +19,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from unmask.config import BertConfig
-from unmask.errors import UsageError
 from unmask.hub import HubMixin
 from unmask.models import attention
 from unmask.models.activations import ACTIVATIONS, activate
@@ -280,7 +279,8 @@ class BertForMaskedLM(HubMixin, nn.Module):
     `forward` returns (B, T, V) logits, as `transformers` does. With `sparse_prediction=True` (training, fill-mask),
     the head and the last layer's attention output and feed-forward run only at the labelled positions: the loss
     equals the one computed from full logits, without the (B, T, V) tensor, and `logits` is (M, V) in row-major order
-    of `predicted_positions` (the labelled ones and a few more, label -100).
+    of `predicted_positions` (the labelled ones and a few more, label -100; without labels, every real token
+    and no loss: SPLADE).
     """
 
     base_model_prefix = "bert"
@@ -323,12 +323,13 @@ class BertForMaskedLM(HubMixin, nn.Module):
             x = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, T, H)
             logits = self.cls(x)  # (B, T, V)
             return MaskedLMOutput(None if labels is None else mlm_loss(logits, labels), logits)
-        if labels is None:
-            raise UsageError("sparse_prediction needs labels: they say where to predict (-100 elsewhere)")
-        rows = prediction_rows(labels, attention_mask)  # (B, T): the labelled positions, and a few to round M
+        if labels is None:  # every real token, no loss: SPLADE's pooling reads them all
+            rows = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        else:
+            rows = prediction_rows(labels, attention_mask)  # (B, T): the labelled positions, and a few to round M
         x = self.bert(input_ids, attention_mask, token_type_ids, output_mask=rows).last_hidden_state  # (M, H)
         logits = self.cls(x)  # (M, V): the vocabulary projection only where a label is
-        return MaskedLMOutput(mlm_loss(logits, labels[rows]), logits, rows)
+        return MaskedLMOutput(None if labels is None else mlm_loss(logits, labels[rows]), logits, rows)
 
 
 class _BertClassifier(HubMixin, nn.Module):

@@ -277,12 +277,13 @@ class ModernBertForMaskedLM(_WithEncoder):
             x = self.model(input_ids, attention_mask).last_hidden_state  # (B, T, H)
             logits = self.decoder(self.head(x))  # (B, T, V)
             return MaskedLMOutput(None if labels is None else mlm_loss(logits, labels), logits)
-        if labels is None:
-            raise UsageError("sparse_prediction needs labels: they say where to predict (-100 elsewhere)")
-        rows = prediction_rows(labels, attention_mask)  # (B, T): the labelled positions, and a few to round M
+        if labels is None:  # every real token, no loss: SPLADE's pooling reads them all
+            rows = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        else:
+            rows = prediction_rows(labels, attention_mask)  # (B, T): the labelled positions, and a few to round M
         x = self.model(input_ids, attention_mask, output_mask=rows).last_hidden_state  # (M, H)
         logits = self.decoder(self.head(x))  # (M, V)
-        return MaskedLMOutput(mlm_loss(logits, labels[rows]), logits, rows)
+        return MaskedLMOutput(None if labels is None else mlm_loss(logits, labels[rows]), logits, rows)
 
 
 class _Classifier(_WithEncoder):

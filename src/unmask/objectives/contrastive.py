@@ -3,10 +3,15 @@
 Multiple-negatives ranking (InfoNCE): anchor a_i should be nearest its positive p_i among every candidate of the
 batch: all the positives and all the hard negatives (sentence-transformers' `MultipleNegativesRankingLoss`).
 CoSENT: for scored pairs, every pair with a higher gold score should get a higher cosine than every pair below it.
-Both use scaled cosine similarity (scale 20, as sentence-transformers does).
+Distillation: each anchor's scores of its own positive and negatives fit a teacher's (a cross-encoder's), by their
+margins (MarginMSE) or as distributions (listwise KL).
+All use scaled cosine similarity (scale 20, as sentence-transformers does for the first two; for distillation the
+scale puts the student's scores on the range of a cross-encoder's logits).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 import torch.nn.functional as F
@@ -14,37 +19,50 @@ import torch.nn.functional as F
 
 def multiple_negatives_ranking_loss(anchors: torch.Tensor, candidates: torch.Tensor,
                                     duplicates: torch.Tensor | None = None, scale: float = 20.0,
-                                    symmetric: bool = False) -> torch.Tensor:
-    """anchors (B, H); candidates (C, H), the B positives first, then each column of hard negatives (C = B (1 + k)).
+                                    symmetric: bool = False, rows: slice | None = None,
+                                    normalize: bool = True) -> torch.Tensor:
+    """anchors (A, H); candidates (C, H), the A positives first, then each column of hard negatives (C = A (1 + k)).
 
-    -mean_i log softmax_j(s_ij)[i], s the scaled cosines of a_i and candidate j. `duplicates` (B, C) bool marks
-    candidates whose text is a_i's positive, other than i itself: they are not its negatives and leave the softmax.
+    -mean_i log softmax_j(s_ij)[i], s the scaled cosines of a_i and candidate j, over the anchors in `rows` (default
+    all; under torchrun, this rank's, against every rank's candidates). `duplicates` (rows, C) bool marks candidates
+    whose text is a_i's positive, other than i itself: they are not its negatives and leave the softmax.
     `symmetric` averages the log-normaliser with the positives' own softmax over the anchors (p_i -> a_i), as
-    sentence-transformers' directions ("query_to_doc", "doc_to_query") with partition_mode "per_direction"."""
-    B = len(anchors)
-    anchors, candidates = F.normalize(anchors, dim=-1), F.normalize(candidates, dim=-1)
-    scores = (anchors @ candidates.T).float() * scale  # (B, C)
+    sentence-transformers' directions ("query_to_doc", "doc_to_query") with partition_mode "per_direction".
+    `normalize=False` scores raw dot products (SPLADE's sparse vectors, with scale 1)."""
+    own = torch.arange(len(anchors), device=anchors.device)[rows or slice(None)]  # (b,) the anchors scored here
+    if normalize:
+        anchors, candidates = F.normalize(anchors, dim=-1), F.normalize(candidates, dim=-1)
+    scores = (anchors[own] @ candidates.T).float() * scale  # (b, C)
     if duplicates is not None:
         scores = scores.masked_fill(duplicates, -torch.inf)
-    rows = torch.arange(B, device=scores.device)
-    log_z = torch.logsumexp(scores, dim=1)  # (B,)
+    log_z = torch.logsumexp(scores, dim=1)  # (b,)
     if symmetric:
-        backward_scores = (candidates[:B] @ anchors.T).float() * scale  # (B, B): p_i against every anchor
+        backward_scores = (candidates[own] @ anchors.T).float() * scale  # (b, A): p_i against every anchor
         log_z = (log_z + torch.logsumexp(backward_scores, dim=1)) / 2
-    return -(scores[rows, rows] - log_z).mean()
+    return -(scores[torch.arange(len(own)), own] - log_z).mean()
 
 
-def duplicate_positives(candidate_ids: torch.Tensor, batch: int) -> torch.Tensor:
-    """(C, T) padded candidate ids, the `batch` positives first -> (B, C) bool: candidate j is the same text as
-    positive i but not i itself (a repeated positive, or a mined negative that is another anchor's positive)."""
-    rows = candidate_ids.cpu().numpy()
-    where: dict[bytes, list[int]] = {}  # a text's ids -> the candidates that hold it (no (B, C, T) comparison)
-    for j, row in enumerate(rows):
-        where.setdefault(row.tobytes(), []).append(j)
-    same = torch.zeros(batch, len(rows), dtype=torch.bool)
-    for i in range(batch):
-        same[i, [j for j in where[rows[i].tobytes()] if j != i]] = True
-    return same.to(candidate_ids.device)
+def text_keys(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(C, T) padded ids -> (C,) int64: one key per text (a 64-bit hash of its tokens, padding left out), so texts
+    can be compared across batches and ranks without their (C, T) ids."""
+    keys = [int.from_bytes(hashlib.blake2b(row[: int(n)].tobytes(), digest_size=8).digest(), "little", signed=True)
+            for row, n in zip(input_ids.cpu().numpy(), attention_mask.sum(1).tolist())]
+    return torch.tensor(keys, dtype=torch.int64, device=input_ids.device)
+
+
+def duplicate_positives(keys: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
+    """(C,) candidate text keys, (b,) the positions of b anchors' positives among them -> (b, C) bool: candidate j
+    is the same text as anchor i's positive but not that positive itself (a repeated positive, or a mined negative
+    that is another anchor's positive)."""
+    same = keys[None, :] == keys[positives][:, None]  # (b, C)
+    same[torch.arange(len(positives)), positives] = False
+    return same
+
+
+def flops(vectors: torch.Tensor) -> torch.Tensor:
+    """FLOPS regularisation (Paria et al. 2020, SPLADE's): sum over dimensions of the squared mean absolute weight
+    over the batch; it pushes whole vocabulary entries to zero, which is what keeps an inverted index fast."""
+    return (vectors.abs().float().mean(dim=0) ** 2).sum()
 
 
 def cosent_loss(a: torch.Tensor, b: torch.Tensor, labels: torch.Tensor, scale: float = 20.0) -> torch.Tensor:

@@ -1,6 +1,10 @@
-"""Exact nearest-neighbour search over embedding vectors, the one search of `eval retrieval` and `unmask mine`."""
+"""Exact search: over dense embedding vectors block by block (`eval retrieval`, `unmask mine`), and over sparse
+vectors through an inverted index (BM25, SPLADE)."""
 
 from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable
 
 import numpy as np
 
@@ -29,3 +33,39 @@ def exact_search(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndar
         all_ids.append(np.take_along_axis(best_ids, order, axis=1))
         all_scores.append(np.take_along_axis(best_scores, order, axis=1))
     return np.concatenate(all_ids), np.concatenate(all_scores)
+
+
+class InvertedIndex:
+    """Sparse document vectors ({term: weight}) kept by term, so a query touches only its terms' postings: the
+    search of BM25 and of SPLADE vectors. Scores are dot products."""
+
+    def __init__(self, documents: Iterable[dict]):
+        by_term: dict = defaultdict(lambda: ([], []))
+        self.size = 0
+        for doc, vector in enumerate(documents):
+            self.size = doc + 1
+            for term, weight in vector.items():
+                ids, weights = by_term[term]
+                ids.append(doc)
+                weights.append(weight)
+        self.postings = {term: (np.array(ids, dtype=np.int64), np.array(weights, dtype=np.float32))
+                         for term, (ids, weights) in by_term.items()}
+
+    def scores(self, query: dict) -> np.ndarray:
+        """(N,) the query vector's dot product with every document."""
+        total = np.zeros(self.size, dtype=np.float32)
+        for term, weight in query.items():
+            if term in self.postings:
+                ids, weights = self.postings[term]
+                total[ids] += weight * weights
+        return total
+
+    def search(self, queries: Iterable[dict], k: int) -> np.ndarray:
+        """(Q, k) the best documents of each query, best first."""
+        k = min(k, self.size)
+        rows = []
+        for query in queries:
+            scores = self.scores(query)
+            top = np.argpartition(-scores, k - 1)[:k]
+            rows.append(top[np.argsort(-scores[top], kind="stable")])
+        return np.array(rows, dtype=np.int64).reshape(-1, k)

@@ -2,8 +2,8 @@
 
     w[v] = max over the input's tokens t of log(1 + relu(logits[t, v]))
 
-(SPLADE's max pooling; Formal et al. 2021). The head runs at the real tokens only (`sparse_prediction` with every
-real token labelled), so a batch costs (real tokens, V) floats, not (B, T, V).
+(SPLADE's max pooling; Formal et al. 2021). The head runs at the real tokens only (`sparse_prediction` without
+labels), so a batch costs (real tokens, V) floats, not (B, T, V).
 """
 
 from __future__ import annotations
@@ -12,27 +12,50 @@ from typing import Sequence
 
 import torch
 
-from unmask.models.outputs import IGNORE_INDEX
-from unmask.pipelines.batching import run_batches
+from unmask.data.windows import make_windows
+from unmask.pipelines.batching import check_texts, run_batches
 
 
-def splade_vectors(model, encodings: Sequence, pad_token_id: int, batch_size: int = 8) -> list[dict[int, float]]:
-    """Per input, `{vocabulary id: weight}` of its non-zero weights, largest first."""
+def splade_pool(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, V) SPLADE weights of a padded batch, differentiable (training reads the same function)."""
+    out = model(input_ids, attention_mask, token_type_ids, sparse_prediction=True)  # logits at every real token
+    weights = torch.log1p(torch.relu(out.logits.float()))  # (M, V)
+    rows = out.predicted_positions.nonzero()[:, 0]  # (M,) the sequence of each row
+    pooled = weights.new_zeros(input_ids.shape[0], weights.shape[1])
+    return pooled.scatter_reduce(0, rows[:, None].expand_as(weights), weights, reduce="amax")  # (B, V)
 
-    def forward(input_ids, attention_mask, token_type_ids):
-        labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)  # every real token is read
-        out = model(input_ids, attention_mask, labels=labels, sparse_prediction=True)
-        weights = torch.log1p(torch.relu(out.logits.float()))  # (M, V)
-        rows = out.predicted_positions.nonzero()[:, 0]  # (M,) the sequence of each row
-        pooled = torch.zeros(input_ids.shape[0], weights.shape[1], dtype=weights.dtype, device=weights.device)
-        pooled.scatter_reduce_(0, rows[:, None].expand_as(weights), weights, reduce="amax")  # (B, V)
-        return [_as_dict(row) for row in pooled.cpu()]
 
-    return run_batches(model, [e.ids for e in encodings], forward, pad_token_id, batch_size,
-                       [e.type_ids for e in encodings])
+def splade_vectors(model, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]],
+                   pad_token_id: int, batch_size: int = 8) -> list[dict[int, float]]:
+    """Per input that fits the context, `{vocabulary id: weight}` of its non-zero weights, largest first."""
+
+    def forward(ids, attention_mask, types):
+        return [_as_dict(row) for row in splade_pool(model, ids, attention_mask, types).cpu()]
+
+    return run_batches(model, input_ids, forward, pad_token_id, batch_size, token_type_ids)
 
 
 def _as_dict(weights: torch.Tensor) -> dict[int, float]:
     nonzero = weights.nonzero()[:, 0]
     order = torch.argsort(weights[nonzero], descending=True, stable=True)
     return {int(i): float(weights[i]) for i in nonzero[order]}
+
+
+def sparse_encode(model, tokenizer, texts: Sequence[str], batch_size: int = 8, truncation: str = "chunk",
+                  stride: int | None = None, max_length: int | None = None) -> list[dict[int, float]]:
+    """SPLADE vectors of texts of any length: one longer than `max_length` (default the context) is read in windows
+    (data/windows.py) and its vector is the maximum over them, which is SPLADE's max over all its tokens."""
+    context = model.config.max_position_embeddings
+    encodings = tokenizer.encode_batch(check_texts(texts))
+    windows = make_windows([(e.ids, e.type_ids) for e in encodings], min(max_length or context, context),
+                           truncation, stride)
+    per_window = splade_vectors(model, windows.input_ids, windows.token_type_ids, tokenizer.pad_token_id, batch_size)
+    merged: list[dict[int, float]] = [{} for _ in texts]
+    for owner, vector in zip(windows.owner, per_window):
+        into = merged[owner]
+        for index, weight in vector.items():
+            if weight > into.get(index, 0.0):
+                into[index] = weight
+    return [dict(sorted(v.items(), key=lambda item: -item[1])) for v in merged]
+

@@ -13,6 +13,7 @@ SCHEDULES = ("linear", "cosine", "constant", "warmup_stable_decay")
 OBJECTIVES = ("mlm", "electra")
 POSITION_INITS = ("sinusoidal", "normal")
 DISTILLATION_LOSSES = ("margin_mse", "kl")
+BI_ENCODERS = ("embed", "sparse")  # finetune tasks trained contrastively on pairs and tuples
 
 
 @dataclass(kw_only=True)
@@ -152,6 +153,9 @@ class FinetuneArgs(TrainingArgs):
     text_column: str = "sentence"
     text_pair_column: str | None = None  # pair: the second text ("sentence2" when not given)
     label_column: str = "label"
+    anchor_column: str = "anchor"  # embed / pair tuple tables: (anchor, positive, negative...) columns
+    positive_column: str = "positive"
+    negative_columns: str | None = None  # comma-separated; default every column whose name starts with "negative"
     regression: bool = False  # pair/classify: predict a number (num_labels = 1, MSE)
     label_scale: float = 1.0  # regression targets are divided by this (STS-B: 5)
     max_seq_length: int = 128
@@ -165,6 +169,9 @@ class FinetuneArgs(TrainingArgs):
     mini_batch_tokens: int | None = None  # embed: gradient caching, mini-batches of at most this many tokens
     teacher: str | None = None  # embed: a cross-encoder (finetune pair) whose scores of the tuples are distilled
     distillation: str = "margin_mse"  # embed, with teacher scores: margin_mse | kl, added to the ranking loss
+    symmetric: bool = False  # embed: the ranking loss also picks each positive's anchor among the anchors
+    query_regularizer_weight: float = 5e-5  # sparse: FLOPS weight on the anchors' SPLADE vectors
+    document_regularizer_weight: float = 3e-5  # sparse: and on the documents' (sentence-transformers' SpladeLoss)
     # fine-tuning defaults differ from pretraining's
     learning_rate: float = 5e-5
     adam_beta2: float = 0.999
@@ -187,9 +194,9 @@ class FinetuneArgs(TrainingArgs):
         if self.task not in FINETUNE_TASKS:
             raise UsageError(f"task must be one of {', '.join(FINETUNE_TASKS)}, got {self.task!r}")
         beir = sum(path is not None for path in (self.corpus, self.queries, self.qrels))
-        if beir not in (0, 3) or (self.train_file is None) == (beir == 0) or (beir and self.task != "embed"):
-            raise UsageError("give --train_file, or (finetune embed) a BEIR training set: --corpus, --queries and "
-                             "--qrels together")
+        if beir not in (0, 3) or (self.train_file is None) == (beir == 0) or (beir and self.task not in BI_ENCODERS):
+            raise UsageError("give --train_file, or (finetune embed / sparse) a BEIR training set: --corpus, "
+                             "--queries and --qrels together")
         if self.num_train_epochs <= 0 and self.max_steps <= 0:
             raise UsageError("give --num_train_epochs or --max_steps")
         if not 0 <= self.warmup_ratio < 1:
@@ -198,16 +205,23 @@ class FinetuneArgs(TrainingArgs):
                                                                                     self.matryoshka_dims)):
             raise UsageError("--matryoshka_dims is for finetune embed: dimensions separated by commas, e.g. "
                              f"384,256,128,64; got {self.matryoshka_dims!r}")
-        if self.mini_batch_tokens is not None and (self.task != "embed" or self.mini_batch_tokens < 1):
-            raise UsageError(f"--mini_batch_tokens (gradient caching) is for finetune embed and at least 1, got "
-                             f"{self.mini_batch_tokens}")
+        if self.mini_batch_tokens is not None and (self.task not in BI_ENCODERS or self.mini_batch_tokens < 1):
+            raise UsageError(f"--mini_batch_tokens (gradient caching) is for finetune embed / sparse and at least 1, "
+                             f"got {self.mini_batch_tokens}")
         if self.teacher is not None and self.task != "embed":
-            raise UsageError("--teacher distils a cross-encoder into a bi-encoder: it is for finetune embed")
+            raise UsageError("--teacher distils a cross-encoder into a dense bi-encoder: it is for finetune embed")
+        if self.symmetric and self.task not in BI_ENCODERS:
+            raise UsageError("--symmetric shapes a bi-encoder's ranking loss: it is for finetune embed / sparse")
+        if self.task == "sparse" and self.validation_file:
+            raise UsageError("finetune sparse does not validate during training: score the result with unmask eval "
+                             "retrieval --sparse on held-out queries")
+        if min(self.query_regularizer_weight, self.document_regularizer_weight) < 0:
+            raise UsageError("--query_regularizer_weight and --document_regularizer_weight cannot be negative")
         if self.distillation not in DISTILLATION_LOSSES:
             raise UsageError(f"--distillation must be one of {', '.join(DISTILLATION_LOSSES)}, got "
                              f"{self.distillation!r}")
         names = self.label_names
-        if self.labels is not None and (self.task == "embed" or self.regression or not all(n.strip() for n in names)
+        if self.labels is not None and (self.task in BI_ENCODERS or self.regression or not all(n.strip() for n in names)
                                         or len(set(names)) != len(names)):
             raise UsageError("--labels lists every label of a classify / pair / tag task once, separated by commas "
                              f"(e.g. neg,pos); got {self.labels!r}")

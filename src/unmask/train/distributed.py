@@ -50,3 +50,52 @@ def init_distributed() -> Distributed:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return Distributed(rank, world_size, device)
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """Every rank's (N, ...) tensor, stacked in rank order (W N, ...). Backward: the gradients that every rank's
+    loss sends to this rank's rows, summed (an all-reduce, which gloo has, rather than a reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(tensor) for _ in range(torch_dist.get_world_size())]
+        torch_dist.all_gather(parts, tensor.contiguous())
+        ctx.rows = slice(torch_dist.get_rank() * len(tensor), (torch_dist.get_rank() + 1) * len(tensor))
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous()
+        torch_dist.all_reduce(grad)
+        return grad[ctx.rows]
+
+
+def gather_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """(N, ...) on each rank -> (world_size x N, ...), rank 0's rows first, the same N on every rank. Gradients
+    flow back to the rank each row came from; outside `torchrun`, the tensor itself."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()) or torch_dist.get_world_size() == 1:
+        return tensor
+    if tensor.requires_grad:
+        return _GatherWithGrad.apply(tensor)
+    parts = [torch.empty_like(tensor) for _ in range(torch_dist.get_world_size())]
+    torch_dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts)
+
+
+def rank_rows(n: int) -> slice:
+    """This rank's rows of a `gather_rows` result of n rows a rank."""
+    rank = torch_dist.get_rank() if torch_dist.is_available() and torch_dist.is_initialized() else 0
+    return slice(rank * n, (rank + 1) * n)
+
+
+def average_gradients(parameters) -> None:
+    """Average the parameters' gradients over the ranks in one all-reduce: what DDP does, for a model whose backward
+    DDP cannot hook (gradient caching runs several backward passes in one step)."""
+    if not torch_dist.is_initialized() or torch_dist.get_world_size() == 1:
+        return
+    grads = [p.grad for p in parameters if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch_dist.all_reduce(flat)
+    flat /= torch_dist.get_world_size()
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))

@@ -21,7 +21,8 @@ from unmask.models.outputs import IGNORE_INDEX
 from unmask.objectives.electra import ElectraPretrainer
 from unmask.pipelines.bm25 import BM25
 from unmask.pipelines.classify import logits_of
-from unmask.pipelines.search import exact_search
+from unmask.pipelines.search import InvertedIndex, exact_search
+from unmask.pipelines.sparse import sparse_encode
 from unmask.pipelines.tag import predict_tags
 from unmask.tokenizer import Tokenizer
 from unmask.train.loop import autocast, to_device
@@ -125,6 +126,17 @@ def evaluate_retrieval(encoder, corpus, queries, qrels, batch_size: int = 64, tr
     options = {"batch_size": batch_size, "truncation": truncation, "stride": stride, "dimensions": dimensions}
     doc_vectors, query_vectors = encoder.encode(doc_texts, **options), encoder.encode(query_texts, **options)
     top = exact_search(query_vectors, doc_vectors, k=100)[0]
+    return _ranking_metrics(top, doc_ids, doc_texts, query_ids, query_texts, relevance, rerank)
+
+
+def evaluate_sparse_retrieval(model, tokenizer, corpus, queries, qrels, batch_size: int = 8,
+                              truncation: str = "chunk", stride: int | None = None,
+                              rerank: Reranker | None = None) -> dict:
+    """`evaluate_retrieval`'s metrics for SPLADE vectors of a masked-LM, searched through an inverted index."""
+    doc_ids, doc_texts, query_ids, query_texts, relevance = read_beir(corpus, queries, qrels)
+    options = {"batch_size": batch_size, "truncation": truncation, "stride": stride}
+    index = InvertedIndex(sparse_encode(model, tokenizer, doc_texts, **options))
+    top = index.search(sparse_encode(model, tokenizer, query_texts, **options), 100)
     return _ranking_metrics(top, doc_ids, doc_texts, query_ids, query_texts, relevance, rerank)
 
 

@@ -3,7 +3,9 @@ epoch, the best model kept (early stopping), exported in the HF layout `transfor
 
 Tasks: `classify` (one text, a label), `pair` (two texts: a label, or a score with --regression; a cross-encoder
 reranker), `tag` (a label per word, CoNLL files), `embed` (a bi-encoder trained contrastively: CoSENT on scored
-pairs, in-batch negatives on unscored ones; saved in the sentence-transformers layout).
+pairs; multiple-negatives ranking on pairs and (anchor, positive, negative...) tuples, over every rank's batch under
+torchrun, optionally with gradient caching, Matryoshka dimensions and a cross-encoder's scores distilled; saved in
+the sentence-transformers layout).
 """
 
 from __future__ import annotations
@@ -35,16 +37,19 @@ from unmask.objectives.contrastive import (
     candidate_scores,
     cosent_loss,
     duplicate_positives,
+    flops,
     kl_distillation_loss,
     margin_mse_loss,
     multiple_negatives_ranking_loss,
+    text_keys,
 )
 from unmask.pipelines.batching import check_texts
 from unmask.pipelines.classify import relevance_logit, window_logits
 from unmask.pipelines.embed import SentenceEncoder, pool
+from unmask.pipelines.sparse import splade_pool
 from unmask.tokenizer import load_tokenizer
 from unmask.train.args import FinetuneArgs
-from unmask.train.distributed import init_distributed
+from unmask.train.distributed import gather_rows, init_distributed, rank_rows
 from unmask.train.evaluate import evaluate_sts, evaluate_task
 from unmask.train.gradcache import cached_embeddings
 from unmask.train.loop import Evaluation, SampleOrder, train_loop
@@ -61,23 +66,31 @@ class _LossOutput:
 
 
 class BiEncoder(torch.nn.Module):
-    """The training view of a SentenceEncoder: two batches of texts in, a contrastive loss out."""
+    """The training view of a SentenceEncoder (dense vectors, cosine x 20) or of a masked-LM (SPLADE vectors over
+    the vocabulary, dot product as sentence-transformers' SparseMultipleNegativesRankingLoss, plus FLOPS
+    regularisation: the squared mean weight of each vocabulary entry, summed, so that few stay non-zero): two batches
+    of texts in, a contrastive loss out."""
 
     base_model_prefix = "bert"
 
-    def __init__(self, encoder: SentenceEncoder, matryoshka_dims: list[int] | None = None,
-                 mini_batch_tokens: int | None = None, distillation: str = "margin_mse"):
+    def __init__(self, encoder, matryoshka_dims: list[int] | None = None, mini_batch_tokens: int | None = None,
+                 distillation: str = "margin_mse", symmetric: bool = False,
+                 flops_weights: tuple[float, float] = (0.0, 0.0)):
         super().__init__()
-        self.encoder = encoder
-        self.bert = encoder.model  # registered here, so optimiser, DDP and checkpoints see the encoder's weights
-        self.config = encoder.model.config
-        width = self.config.hidden_size
+        self.sparse = not isinstance(encoder, SentenceEncoder)  # a masked-LM: SPLADE
+        self.encoder = None if self.sparse else encoder
+        self.bert = encoder if self.sparse else encoder.model  # registered: optimiser, DDP, checkpoints see it
+        self.config = self.bert.config
+        width = self.config.vocab_size if self.sparse else self.config.hidden_size
         if any(d > width for d in matryoshka_dims or []):
             raise UsageError(f"--matryoshka_dims {','.join(map(str, matryoshka_dims))}: the model's vectors have "
                              f"{width} dimensions")
         self.dims = matryoshka_dims or [width]  # the loss at each leading dimension, summed (Matryoshka)
         self.mini_batch_tokens = mini_batch_tokens  # set: gradient caching, mini-batches of this many tokens
         self.distill = {"margin_mse": margin_mse_loss, "kl": kl_distillation_loss}[distillation]
+        self.symmetric = symmetric  # the ranking loss also ranks each positive's anchor among the anchors
+        self.flops_weights = flops_weights  # SPLADE: (anchors', documents') FLOPS regularisation weights
+        self.replays_backward = bool(mini_batch_tokens)  # DDP cannot hook it: the loop averages the gradients
 
     def embed_all(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.mini_batch_tokens and self.training:
@@ -85,6 +98,8 @@ class BiEncoder(torch.nn.Module):
         return self.embed(input_ids, attention_mask)
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.sparse:
+            return splade_pool(self.bert, input_ids, attention_mask)  # (B, V)
         return pool(self.bert(input_ids, attention_mask).last_hidden_state, attention_mask, self.encoder.pooling)
 
     def forward(self, input_ids, attention_mask, input_ids_b, attention_mask_b, labels,
@@ -93,18 +108,36 @@ class BiEncoder(torch.nn.Module):
         if labels.is_floating_point():  # scored pairs: (B, T) each
             b = self.embed_all(input_ids_b, attention_mask_b)
             return _LossOutput(sum(cosent_loss(a[:, :d], b[:, :d], labels) for d in self.dims))
-        B, n, T = input_ids_b.shape  # (B, 1 + k, T): the positives, then each column of negatives
-        candidate_ids = input_ids_b.transpose(0, 1).reshape(B * n, T)
-        candidates = self.embed_all(candidate_ids, attention_mask_b.transpose(0, 1).reshape(B * n, T))  # (C, H)
-        duplicates = duplicate_positives(candidate_ids, B)
-        loss = sum(multiple_negatives_ranking_loss(a[:, :d], candidates[:, :d], duplicates) for d in self.dims)
+        B, n, T = input_ids_b.shape  # (B, 1 + k, T): each anchor's positive, then its negatives
+        candidate_ids, candidate_mask = (t.transpose(0, 1).reshape(B * n, T) for t in (input_ids_b, attention_mask_b))
+        candidates = self.embed_all(candidate_ids, candidate_mask)  # (C, H): the positives, then each negative column
+        loss = self.ranking_loss(a, candidates, text_keys(candidate_ids, candidate_mask))
+        if self.sparse:  # FLOPS: this rank's anchors, and all its documents (positives and negatives)
+            loss = loss + self.flops_weights[0] * flops(a) + self.flops_weights[1] * flops(candidates)
         if teacher_scores is not None:  # (B, 1 + k): each anchor's own candidates, as the teacher scored them
             own = candidates.view(n, B, -1).transpose(0, 1)  # (B, 1 + k, H)
             loss = loss + sum(self.distill(candidate_scores(a[:, :d], own[..., :d]), teacher_scores)
                               for d in self.dims)
         return _LossOutput(loss)
 
+    def ranking_loss(self, anchors: torch.Tensor, candidates: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Multiple-negatives ranking at each dimension. Under torchrun this rank's anchors rank against every rank's
+        candidates, laid out as one process's global batch (all positives first); gradients flow back to the rank
+        each row came from, so the step is the global batch's."""
+        (B, H), n = anchors.shape, len(candidates) // len(anchors)
+        rows = torch.cat([anchors, candidates]).view(1 + n, B, H).transpose(0, 1)  # (B, 1 + n, H)
+        gathered = gather_rows(rows)  # (W B, 1 + n, H), rank 0's rows first
+        all_anchors, all_candidates = gathered[:, 0], gathered[:, 1:].transpose(0, 1).reshape(-1, H)
+        all_keys = gather_rows(keys.view(n, B).T).T.reshape(-1)  # (W C,), in all_candidates' order
+        own = rank_rows(B)
+        duplicates = duplicate_positives(all_keys, torch.arange(own.start, own.stop, device=keys.device))
+        scale = 1.0 if self.sparse else 20.0  # SPLADE: the raw dot product; dense: cosine x 20
+        return sum(multiple_negatives_ranking_loss(all_anchors[:, :d], all_candidates[:, :d], duplicates, scale,
+                                                   self.symmetric, own, normalize=not self.sparse) for d in self.dims)
+
     def save_pretrained(self, output_dir, tokenizer=None) -> Path:
+        if self.sparse:
+            return self.bert.save_pretrained(output_dir, tokenizer=tokenizer)
         return self.encoder.save_pretrained(output_dir)
 
 
@@ -130,8 +163,14 @@ def labelled_format(args: FinetuneArgs) -> LabelledFormat:
 
 
 def _embed_setup(args: FinetuneArgs, tokenizer):
-    """(bi-encoder to train, training pairs, evaluate) for the embed task; validation is an STS file."""
-    encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length)
+    """(bi-encoder to train, training pairs, evaluate) for embed (validation: an STS file) and sparse (SPLADE from
+    a masked-LM directory; no validation here: `unmask eval retrieval --sparse`)."""
+    if args.task == "sparse":
+        config = read_config(args.model)
+        check_head("unmask finetune sparse", "sparse", args.model, config.architectures)  # never a random head
+        encoder = load_head_model("sparse", args.model, config=config)
+    else:
+        encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length)
     spec = labelled_format(args)
     if args.teacher and not args.train_file:
         raise UsageError("--teacher scores each anchor's positive and hard negatives: give a --train_file of "
@@ -140,7 +179,8 @@ def _embed_setup(args: FinetuneArgs, tokenizer):
     train = (load_pairs(spec, tokenizer, args.train_file, teacher) if args.train_file else
              load_beir_pairs(spec, tokenizer, args.corpus, args.queries, args.qrels))
     train = first_examples(train, args.max_train_samples)
-    model = BiEncoder(encoder, args.dimensions, args.mini_batch_tokens, args.distillation)
+    model = BiEncoder(encoder, args.dimensions, args.mini_batch_tokens, args.distillation, args.symmetric,
+                      (args.query_regularizer_weight, args.document_regularizer_weight))
     if not args.validation_file:
         return model, train, None
     valid = [part[: args.max_eval_samples] for part in read_sts(args.validation_file)]
@@ -200,13 +240,11 @@ def _head_setup(args: FinetuneArgs, tokenizer):
 def finetune(args: FinetuneArgs) -> dict:
     """Fine-tune, keep the best epoch, export it to `args.output_dir`; returns its metrics and the timings."""
     dist = init_distributed()
-    if args.mini_batch_tokens and dist.world_size > 1:  # its recomputing backward is not DDP's single pass
-        raise UsageError("--mini_batch_tokens (gradient caching) runs in one process for now: drop it or torchrun")
     torch.manual_seed(args.seed)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(args.model)
-    setup = _embed_setup if args.task == "embed" else _head_setup
+    setup = _embed_setup if args.task in ("embed", "sparse") else _head_setup
     model, train, evaluate = setup(args, tokenizer)
     models.set_attn_backend(model, args.attn_backend)
 

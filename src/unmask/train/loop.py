@@ -34,7 +34,7 @@ from unmask.models.outputs import IGNORE_INDEX
 from unmask.progress import progress
 from unmask.train.args import TrainingArgs
 from unmask.train.checkpoint import resume_point, save_checkpoint
-from unmask.train.distributed import Distributed
+from unmask.train.distributed import Distributed, average_gradients
 from unmask.train.metrics_log import MetricsLog, plot_loss_curve
 from unmask.train.optim import lr_factor, make_optimizer, set_learning_rate
 
@@ -124,7 +124,9 @@ class Run:
         self.metrics = MetricsLog(self.output_dir / "metrics.jsonl",
                                   self.state.step if args.resume_from_checkpoint else None, dist.is_main)
         model.to(dist.device).train()
-        self.ddp_model = torch.nn.parallel.DistributedDataParallel(model) if dist.world_size > 1 else model
+        # a model whose backward replays its forward (gradient caching) is not DDP's: `accumulate` averages for it
+        wrap = dist.world_size > 1 and not getattr(model, "replays_backward", False)
+        self.ddp_model = torch.nn.parallel.DistributedDataParallel(model) if wrap else model
         # compiled for the training steps only (evaluation runs `model` eagerly); the parameters are shared
         self.forward = torch.compile(self.ddp_model) if args.torch_compile else self.ddp_model
         self.started = time.perf_counter()
@@ -178,14 +180,17 @@ class Run:
             offset = (k * ranks + rank) * rows
             local = to_device(batch, dist.device, slice(offset, offset + rows))
             last = k == args.gradient_accumulation_steps - 1
-            with self.ddp_model.no_sync() if dist.world_size > 1 and not last else nullcontext():
+            with self.ddp_model.no_sync() if self.ddp_model is not self.model and not last else nullcontext():
                 with autocast(args.bf16, dist.device):
                     out = self.forward(**local, **self.model_kwargs)
                 share = count_units(local["labels"]) / max(1, n_units)
                 # DDP averages gradients over ranks, hence x world_size
                 (out.loss * share * dist.world_size).backward()
             step_loss += float(out.loss.detach()) * share
-            self.window.tokens += int(local["attention_mask"].sum())
+            # every text of the batch: a bi-encoder's candidates too (attention_mask_b)
+            self.window.tokens += sum(int(v.sum()) for k, v in local.items() if k.startswith("attention_mask"))
+        if self.ddp_model is self.model:
+            average_gradients(self.model.parameters())  # one process: nothing to do
         return dist.sum(step_loss)
 
     def update(self, step_loss: float) -> None:
