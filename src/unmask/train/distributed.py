@@ -58,10 +58,8 @@ class _GatherWithGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
-        parts = [torch.empty_like(tensor) for _ in range(torch_dist.get_world_size())]
-        torch_dist.all_gather(parts, tensor.contiguous())
-        ctx.rows = slice(torch_dist.get_rank() * len(tensor), (torch_dist.get_rank() + 1) * len(tensor))
-        return torch.cat(parts)
+        ctx.rows = rank_rows(len(tensor))
+        return _all_gather(tensor)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
@@ -75,8 +73,10 @@ def gather_rows(tensor: torch.Tensor) -> torch.Tensor:
     flow back to the rank each row came from; outside `torchrun`, the tensor itself."""
     if not (torch_dist.is_available() and torch_dist.is_initialized()) or torch_dist.get_world_size() == 1:
         return tensor
-    if tensor.requires_grad:
-        return _GatherWithGrad.apply(tensor)
+    return _GatherWithGrad.apply(tensor) if tensor.requires_grad else _all_gather(tensor)
+
+
+def _all_gather(tensor: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(tensor) for _ in range(torch_dist.get_world_size())]
     torch_dist.all_gather(parts, tensor.contiguous())
     return torch.cat(parts)

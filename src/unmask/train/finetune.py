@@ -90,7 +90,9 @@ class BiEncoder(torch.nn.Module):
         self.distill = {"margin_mse": margin_mse_loss, "kl": kl_distillation_loss}[distillation]
         self.symmetric = symmetric  # the ranking loss also ranks each positive's anchor among the anchors
         self.flops_weights = flops_weights  # SPLADE: (anchors', documents') FLOPS regularisation weights
-        self.replays_backward = bool(mini_batch_tokens)  # DDP cannot hook it: the loop averages the gradients
+        # under torchrun the loop averages the gradients after backward, not DDP: gradient caching replays backward
+        # passes DDP cannot hook, and the encoder's pooler (in the checkpoint, unused here) gets no gradient
+        self.averages_gradients_itself = True
 
     def embed_all(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.mini_batch_tokens and self.training:

@@ -124,8 +124,8 @@ class Run:
         self.metrics = MetricsLog(self.output_dir / "metrics.jsonl",
                                   self.state.step if args.resume_from_checkpoint else None, dist.is_main)
         model.to(dist.device).train()
-        # a model whose backward replays its forward (gradient caching) is not DDP's: `accumulate` averages for it
-        wrap = dist.world_size > 1 and not getattr(model, "replays_backward", False)
+        # a model DDP cannot serve (a bi-encoder: see BiEncoder) has its gradients averaged in `accumulate`
+        wrap = dist.world_size > 1 and not getattr(model, "averages_gradients_itself", False)
         self.ddp_model = torch.nn.parallel.DistributedDataParallel(model) if wrap else model
         # compiled for the training steps only (evaluation runs `model` eagerly); the parameters are shared
         self.forward = torch.compile(self.ddp_model) if args.torch_compile else self.ddp_model
