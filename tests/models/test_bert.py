@@ -139,7 +139,8 @@ def test_training_with_dropout_takes_the_same_steps_as_transformers_given_the_sa
     monkeypatch.setattr(F, "dropout", shared_dropout)
     # ours draws its own masks on the CPU, and computes attention with dropout itself
     monkeypatch.setattr(unmask.models.dropout, "dropout", shared_dropout)
-    monkeypatch.setattr(unmask.models.attention, "dropout", shared_dropout)
+    monkeypatch.setattr(unmask.models.attention, "keep_mask",  # (1 = keep; the attention scales by 1 / (1 - p))
+                        lambda x, p: mask(x.shape, p) * (1 - p))
     monkeypatch.setattr(F, "scaled_dot_product_attention", shared_sdpa)
     torch.manual_seed(0)
     hf = transformers.BertForSequenceClassification(

@@ -72,13 +72,21 @@ def test_attention_with_dropout_is_sdpa_with_that_mask(monkeypatch):
     key_mask[1, 6:] = False
     mask = attention.padded_mask(key_mask, 10, 4, q.device)  # padding and a sliding window of 4
     keep = torch.rand(2, 3, 10, 10) >= 0.3
-    monkeypatch.setattr(attention, "dropout", lambda x, p, training=True: x * keep / (1 - p))
+    monkeypatch.setattr(attention, "keep_mask", lambda x, p: keep)
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     ours = attention.sdpa(q, k, v, mask, dropout_p=0.3)
     scores = (q @ k.transpose(-1, -2) / 8**0.5).masked_fill(~mask, float("-inf"))
     expected = (scores.softmax(-1) * keep / 0.7) @ v
     has_key = mask.expand(2, 3, 10, 10).any(-1)  # padding queries at the end of sequence 1 see no key at all
     assert not has_key.all() and torch.isfinite(ours).all()  # those rows are finite (and unused), not NaN
     assert (ours - expected)[has_key].abs().max() < 1e-5
-    monkeypatch.setattr(attention, "dropout", lambda x, p, training=True: x)  # no drop: SDPA itself
-    sdpa = F.scaled_dot_product_attention(q, k, v, mask)
+    # the backward recomputes the probabilities instead of keeping them: autograd's gradients of the same math
+    weights = torch.randn(ours.shape)
+    finite = (q @ k.transpose(-1, -2) / 8**0.5).masked_fill(~mask, torch.finfo(q.dtype).min)  # no NaN rows
+    expected = (finite.softmax(-1) * keep / 0.7) @ v
+    grads = [torch.autograd.grad((out * weights)[has_key].sum(), (q, k, v)) for out in (ours, expected)]
+    for mine, reference in zip(*grads):
+        assert torch.allclose(mine, reference, atol=1e-5)
+    monkeypatch.setattr(attention, "keep_mask", lambda x, p: torch.ones_like(x, dtype=torch.bool))  # keep all
+    sdpa = F.scaled_dot_product_attention(q, k, v, mask) / 0.7  # ... and scale the kept by 1 / (1 - p)
     assert (attention.sdpa(q, k, v, mask, dropout_p=0.3) - sdpa)[has_key].abs().max() < 1e-5

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from unmask.models.dropout import dropout
+from unmask.models.dropout import keep_mask
 from unmask.models.padding import Unpadded, pad_input
 
 try:  # optional, GPU only
@@ -52,11 +52,48 @@ def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     """softmax(q k^T / sqrt(hd)) with dropout on the probabilities, times v, written out: on the CPU no fused SDPA
     kernel takes dropout, so SDPA would run this same math, upcasting bf16 inputs to fp32 and drawing its mask with
     `bernoulli_`. Here the products stay in the autocast dtype (as `transformers`' eager attention) and the mask is
-    `dropout.dropout`'s, which halves the attention's time in a bf16 training step (BENCHMARKS.md)."""
+    `dropout.dropout`'s, which halves the attention's time in a bf16 training step (BENCHMARKS.md).
+
+    For the backward only q, k, v and the dropout mask are kept; the probabilities are recomputed there (as
+    FlashAttention does): autograd would keep two (B, nh, T, T) tensors a layer, the largest activations of a step."""
+    return _AttentionWithDropout.apply(q, k, v, mask, dropout_p)
+
+
+def _probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd)) where `mask` allows, (B, nh, T, T)."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B, nh, T, T)
     if mask is not None:  # the lowest finite score, not -inf: a padding query with no key in its window gets
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # a finite (unused) row, not NaN
-    return torch.matmul(dropout(scores.softmax(-1), dropout_p), v)
+    return scores.softmax(-1)
+
+
+class _AttentionWithDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, dropout_p):
+        probabilities = _probabilities(q, k, mask)
+        keep = keep_mask(probabilities, dropout_p)
+        ctx.save_for_backward(q, k, v, keep, mask)
+        ctx.dropout_p, ctx.autocast = dropout_p, torch.is_autocast_enabled("cpu")
+        return torch.matmul((probabilities * keep).mul_(1.0 / (1.0 - dropout_p)), v)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, keep, mask = ctx.saved_tensors
+        scale = 1.0 / (1.0 - ctx.dropout_p)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ctx.autocast):  # the forward's arithmetic again
+            probabilities = _probabilities(q, k, mask)
+        dropped = (probabilities * keep).mul_(scale)
+        grad_out = grad_out.to(dropped.dtype)
+        grad_v = torch.matmul(dropped.transpose(-1, -2), grad_out)
+        del dropped
+        grad_p = (torch.matmul(grad_out, v.to(grad_out.dtype).transpose(-1, -2)) * keep).mul_(scale)
+        grad_p = grad_p.to(probabilities.dtype)
+        # softmax's backward: p * (g - sum_j g_j p_j), then the score scale
+        grad_scores = probabilities * (grad_p - (grad_p * probabilities).sum(-1, keepdim=True))
+        grad_scores = grad_scores.mul_(q.shape[-1] ** -0.5).to(q.dtype)
+        grad_q = torch.matmul(grad_scores, k)
+        grad_k = torch.matmul(grad_scores.transpose(-1, -2), q)
+        return grad_q, grad_k, grad_v.to(v.dtype), None, None
 
 
 def sliding_window_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,

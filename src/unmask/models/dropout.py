@@ -21,6 +21,11 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if x.device.type != "cpu" or p >= 1.0:
         return F.dropout(x, p, True)
+    return (x * keep_mask(x, p)).mul_(1.0 / (1.0 - p))
+
+
+def keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """The CPU mask of `dropout` (1 = keep) for a tensor like `x`, drawn from the global generator."""
     n = x.numel()
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # full 64-bit range
     draws = bits.view(torch.int16)[:n].view(x.shape)  # four uniform int16 draws per 64 bits
@@ -30,7 +35,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     # an fp32 one, for a little more time (BENCHMARKS.md)
     keep = torch.empty_like(x, dtype=x.dtype if x.element_size() == 2 else torch.bool)
     torch.ge(draws, -(2**15) + threshold, out=keep)
-    return (x * keep).mul_(1.0 / (1.0 - p))
+    return keep
 
 
 class Dropout(nn.Dropout):
