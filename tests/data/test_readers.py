@@ -62,7 +62,7 @@ def _beir(tmp_path, qrels: str, corpus: list | None = None, queries: list | None
     ("q1\td1\n", None, None, r"q.tsv:2: expected query-id, corpus-id and an integer score"),
     ("q1\td1\t1\n", [{"title": "no id"}], None, r"corpus.jsonl:1: no '_id'"),
     ("q1\td1\t1\n", None, [{"_id": "q1", "text": "a"}, {"_id": "q2"}], r"queries.jsonl:2: no 'text'"),
-    ("q1\td1\t1\n", None, [{"_id": "q1", "text": "a"}, ["q2"]], r"queries.jsonl:2: expected a JSON object"),
+    ("q1\td1\t1\n", None, [{"_id": "q1", "text": "a"}, ["q2"]], r"queries.jsonl:2: not a JSON object but a list"),
 ])
 def test_beir_faults_name_the_file_and_line(tmp_path, qrels, corpus, queries, problem):
     with pytest.raises(DataError, match=problem):

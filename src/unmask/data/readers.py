@@ -12,13 +12,12 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
-from unmask.data.sources import read_text
+from unmask.data.sources import json_objects, read_text
 from unmask.errors import DataError
 
 
@@ -142,20 +141,11 @@ def read_sts(path: str | Path, sentence1_column: str | None = None, sentence2_co
 def _read_jsonl(path: Path, required: tuple[str, ...] = ()) -> list[tuple[int, dict]]:
     """(line number, record) of each non-blank line; a line that is not a JSON object, or lacks a `required` field
     (or has it empty), names itself."""
-    records = []
-    for n, line in enumerate(_read_lines(path), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{n}: not JSON ({e.msg})") from e
-        if not isinstance(record, dict):
-            raise DataError(f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
+    records = list(json_objects(path, _read_lines(path)))
+    for n, record in records:
         for name in required:
             if record.get(name) in (None, ""):
                 raise DataError(f"{path}:{n}: no {name!r} (a BEIR {path.name} line needs {', '.join(required)})")
-        records.append((n, record))
     return records
 
 

@@ -135,17 +135,25 @@ def _table_documents(path: Path, text_field: str) -> Iterator[str]:
         raise DataError(f"{path}: not a readable {path.suffix[1:]} file, damaged {where} ({e})") from e
 
 
-def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
-    for line_number, line in enumerate(_text_lines(path), start=1):
+def json_objects(path: Path, lines: Iterable[str]) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each non-blank JSONL line; a line that is not a JSON object names itself."""
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{line_number}: not a JSON object ({e.msg})") from e
-        if not isinstance(record, dict) or text_field not in record:
-            found = sorted(record) if isinstance(record, dict) else type(record).__name__
-            raise DataError(f"{path}:{line_number}: no field {text_field!r} (found {found}); set --text_field")
+            raise DataError(f"{path}:{number}: not a JSON object ({e.msg})") from e
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{number}: not a JSON object but a {type(record).__name__}")
+        yield number, record
+
+
+def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
+    for line_number, record in json_objects(path, _text_lines(path)):
+        if text_field not in record:
+            raise DataError(f"{path}:{line_number}: no field {text_field!r} (found {sorted(record)}); set "
+                            "--text_field")
         value = record[text_field]
         if not isinstance(value, str):
             raise DataError(f"{path}:{line_number}: field {text_field!r} is {type(value).__name__}, not text")
