@@ -101,15 +101,22 @@ def predict_rerank(model, tokenizer, query: str, documents: Sequence[str], trunc
     return ranked(relevance(logits, raw_scores))
 
 
+def pair_scores(model, tokenizer, pairs: Sequence[tuple[str, str]], truncation: str = "chunk",
+                max_length: int | None = None, batch_size: int = 32) -> np.ndarray:
+    """(pairs,) a cross-encoder's relevance log-odds of (query, document) pairs, in one length-sorted pass: the
+    scores of eval's reranker, of mine's rescoring and of distillation's teacher."""
+    encodings = tokenizer.encode_batch(check_texts(pairs))
+    return relevance_logit(window_logits(model, encodings, tokenizer.pad_token_id, truncation,
+                                         batch_size=batch_size, max_length=max_length, show_progress=True))
+
+
 def rerank_candidates(model, tokenizer, queries: Sequence[str], documents: Sequence[str],
                       candidates: Sequence[Sequence[int]], top_k: int = 100, truncation: str = "chunk",
                       max_length: int | None = None, batch_size: int = 32) -> list[list[int]]:
     """Per query, its candidate documents (indices, best first) with the first `top_k` re-ordered by the
     cross-encoder's relevance; the rest keep their place after them. Every pair is scored in one length-sorted pass."""
     pairs = [(queries[q], documents[d]) for q, row in enumerate(candidates) for d in row[:top_k]]
-    encodings = tokenizer.encode_batch(check_texts(pairs))
-    scores = relevance_logit(window_logits(model, encodings, tokenizer.pad_token_id, truncation,
-                                           batch_size=batch_size, max_length=max_length, show_progress=True))
+    scores = pair_scores(model, tokenizer, pairs, truncation, max_length, batch_size)
     out, start = [], 0
     for row in candidates:
         head = list(row[:top_k])

@@ -18,7 +18,7 @@ import numpy as np
 from unmask.data.readers import read_beir
 from unmask.errors import UsageError
 from unmask.io import atomic_write
-from unmask.pipelines.classify import relevance_logit, window_logits
+from unmask.pipelines.classify import pair_scores
 from unmask.pipelines.search import exact_search
 
 
@@ -105,9 +105,7 @@ def _rescored(cross_encoder, query_texts: list[str], doc_texts: list[str], posit
     pairs = [(query_texts[q], doc_texts[d]) for q in range(len(query_texts))
              for d in [*positives[q], *(d for d, _ in candidates[q])]]
     print(f"mine: rescoring {len(pairs):,} (query, document) pairs with the cross-encoder", file=sys.stderr)
-    logits = window_logits(model, tokenizer.encode_batch(pairs), tokenizer.pad_token_id, "truncate",
-                           batch_size=batch_size, show_progress=True)
-    flat, start = relevance_logit(logits).tolist(), 0
+    flat, start = pair_scores(model, tokenizer, pairs, "truncate", batch_size=batch_size).tolist(), 0
     positive_scores, rescored = [], []
     for row, found in zip(positives, candidates):
         positive_scores.append(flat[start : start + len(row)])

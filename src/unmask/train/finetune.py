@@ -14,9 +14,9 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from unmask import models
@@ -43,8 +43,7 @@ from unmask.objectives.contrastive import (
     multiple_negatives_ranking_loss,
     text_keys,
 )
-from unmask.pipelines.batching import check_texts
-from unmask.pipelines.classify import relevance_logit, window_logits
+from unmask.pipelines.classify import pair_scores
 from unmask.pipelines.embed import SentenceEncoder, pool
 from unmask.pipelines.sparse import splade_pool
 from unmask.tokenizer import load_tokenizer
@@ -151,13 +150,7 @@ def cross_encoder_scorer(path: str, batch_size: int):
     tokenizer = load_tokenizer(path, model.config)
     print(f"scoring the training tuples with the teacher {path}", file=sys.stderr, flush=True)
 
-    def score(pairs: list[tuple[str, str]]) -> np.ndarray:
-        encodings = tokenizer.encode_batch(check_texts(pairs))
-        logits = window_logits(model, encodings, tokenizer.pad_token_id, "truncate", batch_size=batch_size,
-                               show_progress=True)
-        return relevance_logit(logits)
-
-    return score
+    return partial(pair_scores, model, tokenizer, truncation="truncate", batch_size=batch_size)
 
 
 def labelled_format(args: FinetuneArgs) -> LabelledFormat:
