@@ -150,6 +150,9 @@ _HELP = {
     "positive_column": "embed / pair: the positive column of such a table",
     "negative_columns": "embed / pair: its negative columns, separated by commas (default: every column whose name "
                         "starts with 'negative')",
+    "in_batch_negatives": "pair on an (anchor, positive, negative...) table: each anchor's candidates also include "
+                          "this many other rows' positives (sentence-transformers' cross-encoder "
+                          "MultipleNegativesRankingLoss num_negatives)",
     "symmetric": "embed: the ranking loss also picks each positive's anchor among the batch's anchors (as "
                  "sentence-transformers' MultipleNegativesSymmetricRankingLoss)",
     "query_regularizer_weight": "sparse: FLOPS regularisation on the anchors' SPLADE vectors (keeps them sparse)",

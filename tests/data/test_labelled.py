@@ -92,7 +92,45 @@ def test_tuple_columns_can_be_named(tmp_path, tokenizer):
     data = load_pairs(spec, tokenizer, path)
     assert len(data) == 4 and [len(n) for n in data.negatives] == [1] * 4
     assert data.negatives[2][0] == tokenizer.encode_batch(["bad 2"])[0].ids
-    pairs, label2id = load_task_data(LabelledFormat(**{**spec.__dict__, "task": "pair"}), tokenizer, path, None)
-    assert len(pairs) == 8 and label2id == {"0": 0, "1": 1}
+    ranking, _ = load_task_data(LabelledFormat(**{**spec.__dict__, "task": "pair"}), tokenizer, path, None)
+    assert len(ranking) == 4 and [len(row) for row in ranking.candidates] == [2] * 4
+    assert ranking.candidates[2][1] == tokenizer.encode("bad 2", add_special_tokens=False)
     with pytest.raises(DataError, match=r"row 1: column 'missing' is missing or empty"):
         load_pairs(LabelledFormat(task="embed", anchor_column="query", positive_column="missing"), tokenizer, path)
+
+
+def test_a_reranker_batch_joins_pairs_as_the_tokenizer_does_and_borrows_other_positives(tmp_path, tokenizer):
+    """Each anchor's own pairs are the tokenizer's pair encodings (cut longest-first as transformers cuts them);
+    the next rows' positives join as negatives, except one that is the anchor's own positive or comes from the same
+    anchor."""
+    from unmask.data.labelled import encode_texts, load_task_data
+
+    words = ["river", "stone", "garden", "window", "candle"]
+    rows = [{"anchor": f"the question {words[i]} " * (1 + i), "positive": f"the answer {words[i % 3]} " * 9,
+             "negative_1": f"a wrong answer {words[i]}"} for i in range(5)]
+    rows[4]["anchor"] = rows[1]["anchor"]  # row 4 asks row 1's question; rows 0 and 3 share a positive
+    spec = LabelledFormat(task="pair", max_seq_length=24, in_batch_negatives=3)
+    data, _ = load_task_data(spec, tokenizer, _write(tmp_path / "rank.jsonl", rows), None)
+    batch = data.collate([0, 1, 2, 3, 4], tokenizer.pad_token_id)
+    assert batch["input_ids"].shape[:2] == (5, 2 + 3) and batch["labels"].tolist() == [0] * 5
+    own = [(r["anchor"], d) for r in rows for d in (r["positive"], r["negative_1"])]
+    ids, types, truncated = encode_texts(tokenizer, [a for a, _ in own], [d for _, d in own], 24)
+    assert truncated > 0 and data.truncated == truncated
+    for row in range(5):
+        for column in range(2):
+            pair = batch["input_ids"][row, column][batch["attention_mask"][row, column].bool()].tolist()
+            assert pair == ids[row * 2 + column]
+            assert batch["token_type_ids"][row, column][: len(pair)].tolist() == types[row * 2 + column]
+    assert batch["candidate_mask"].tolist() == [[True, True, True, True, False],  # row 3's positive is row 0's
+                                                [True, True, True, True, False],  # row 4 is row 1's question
+                                                [True, True, True, True, True],
+                                                [True, True, True, False, True],
+                                                [True, True, True, False, True]]
+
+
+def test_a_reranker_table_needs_negatives(tmp_path, tokenizer):
+    from unmask.data.labelled import load_task_data
+
+    path = _write(tmp_path / "no_neg.jsonl", [{"anchor": "q", "positive": "d"}])
+    with pytest.raises(DataError, match="a cross-encoder learns from negatives too"):
+        load_task_data(LabelledFormat(task="pair"), tokenizer, path, None)

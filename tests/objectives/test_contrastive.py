@@ -71,3 +71,30 @@ def test_distillation_losses_and_gradients_are_sentence_transformers(name, negat
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
     for mine, reference in zip(ours_in, theirs_in):
         assert torch.allclose(mine.grad, reference.grad, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scale", [10.0, 5.0])
+def test_the_cross_encoder_ranking_loss_is_sentence_transformers(scale):
+    """= sentence-transformers' cross-encoder MultipleNegativesRankingLoss on the same logits (its calculate_loss:
+    sigmoid, scale, cross-entropy on the first column), gradients included; a masked candidate leaves the softmax."""
+    from types import SimpleNamespace
+
+    losses = pytest.importorskip("sentence_transformers.cross_encoder.losses")
+    from unmask.objectives.contrastive import cross_encoder_ranking_loss
+
+    columns = [torch.randn(6, generator=torch.Generator().manual_seed(c)) * 3 for c in range(4)]  # (B,) per column
+    ours_in = torch.stack(columns, dim=1).requires_grad_()  # (B, 1 + k + r)
+    theirs_in = [c.clone().requires_grad_() for c in columns]
+    st = SimpleNamespace(activation_fn=torch.nn.Sigmoid(), scale=scale, cross_entropy_loss=torch.nn.CrossEntropyLoss())
+    theirs = losses.MultipleNegativesRankingLoss.calculate_loss(st, theirs_in, batch_size=6)
+    ours = cross_encoder_ranking_loss(ours_in, scale=scale)
+    ours.backward()
+    theirs.backward()
+    assert ours.item() == pytest.approx(theirs.item(), abs=1e-6)
+    assert torch.allclose(ours_in.grad, torch.stack([t.grad for t in theirs_in], dim=1), atol=1e-7)
+    valid = torch.ones(6, 4, dtype=torch.bool)
+    valid[2, 3] = False
+    scores = torch.sigmoid(ours_in.detach()) * scale
+    by_hand = [torch.log_softmax(scores[i][valid[i]], 0)[0] for i in range(6)]
+    masked = cross_encoder_ranking_loss(ours_in.detach(), valid, scale=scale)
+    assert masked.item() == pytest.approx(-torch.stack(by_hand).mean().item(), abs=1e-6)

@@ -51,8 +51,8 @@ def test_negatives_come_from_the_range_and_are_never_judged(tmp_path, minilm_dir
     output = tmp_path / "tuples.jsonl"
     mine.write_rows(rows, output)
     assert len(load_pairs(LabelledFormat(task="embed"), tokenizer, str(output)).negatives[0]) == 3
-    pairs, label2id = load_task_data(LabelledFormat(task="pair"), tokenizer, str(output), None)
-    assert len(pairs) == 4 * len(rows) and label2id == {"0": 0, "1": 1}
+    ranking, _ = load_task_data(LabelledFormat(task="pair"), tokenizer, str(output), None)
+    assert len(ranking) == len(rows) and {len(row) for row in ranking.candidates} == {4}
 
 
 def test_a_range_beyond_the_corpus_is_refused(minilm_dir, beir):

@@ -42,6 +42,7 @@ class LabelledFormat:
     anchor_column: str = "anchor"  # tuple tables (embed, pair): the query / anchor text
     positive_column: str = "positive"
     negative_columns: str | None = None  # "neg_a,neg_b"; default every column whose name starts with "negative"
+    in_batch_negatives: int = 4  # pair on tuple tables: other rows' positives ranked as each anchor's negatives
 
 
 @dataclass
@@ -65,6 +66,62 @@ class ClassificationData:
                 "labels": labels}
 
 
+@dataclass
+class RankingData:
+    """Cross-encoder ranking examples from an (anchor, positive, negative...) table: each anchor with its
+    candidates, positive first, as pieces without special tokens. A batch joins each anchor with its own candidates
+    and with the positives of the next `in_batch_negatives` rows as further negatives (sentence-transformers'
+    cross-encoder MultipleNegativesRankingLoss draws them at random; here the shuffled order draws them, so a
+    resumed run sees the same batches). A borrowed positive that is the anchor's own positive, or that comes from a
+    row with the same anchor, is left out of its softmax."""
+
+    anchors: list[list[int]]
+    candidates: list[list[list[int]]]  # per row: the positive, then the hard negatives
+    cls_id: int
+    sep_id: int
+    max_length: int
+    in_batch_negatives: int = 4
+    truncated: int = 0
+
+    def __len__(self) -> int:
+        return len(self.anchors)
+
+    def collate(self, indices, pad_token_id: int) -> dict[str, torch.Tensor]:
+        rows = list(indices)
+        borrowed = min(self.in_batch_negatives, len(rows) - 1)
+        pairs, valid = [], []
+        for j, i in enumerate(rows):
+            others = [rows[(j + s) % len(rows)] for s in range(1, borrowed + 1)]
+            documents = self.candidates[i] + [self.candidates[o][0] for o in others]
+            valid.append([True] * len(self.candidates[i]) + [self.anchors[o] != self.anchors[i] and
+                                                           self.candidates[o][0] != self.candidates[i][0]
+                                                           for o in others])
+            pairs += [join_pair(self.anchors[i], d, self.cls_id, self.sep_id, self.max_length) for d in documents]
+        input_ids, attention_mask = pad_batch([ids for ids, _ in pairs], pad_token_id)
+        token_type_ids, _ = pad_batch([types for _, types in pairs], 0)
+        shape = (len(rows), len(valid[0]), -1)  # (B, n, T): a row per anchor, as the loop splits batches by rows
+        return {"input_ids": input_ids.view(shape), "attention_mask": attention_mask.view(shape),
+                "token_type_ids": token_type_ids.view(shape), "candidate_mask": torch.tensor(valid),
+                "labels": torch.zeros(len(rows), dtype=torch.long)}
+
+
+def load_ranking(spec: "LabelledFormat", tokenizer, path: str, rows: list[dict]) -> RankingData:
+    """A cross-encoder's ranking examples from the rows of an (anchor, positive, negative...) table."""
+    anchors, positives, negatives = _tuples(spec, rows, path)
+    if not negatives[0]:
+        raise DataError(f"{path}: a cross-encoder learns from negatives too: add negative columns (an anchor / "
+                        "positive table trains finetune embed)")
+    width = 1 + len(negatives[0])
+    pieces = [e.ids for e in tokenizer.encode_batch([*anchors, *(d for p, ns in zip(positives, negatives)
+                                                                  for d in [p, *ns])], add_special_tokens=False)]
+    anchor_ids, documents = pieces[: len(anchors)], pieces[len(anchors):]
+    candidates = [documents[r * width : (r + 1) * width] for r in range(len(anchors))]
+    budget = spec.max_seq_length - 3
+    truncated = sum(len(a) + len(d) > budget for a, row in zip(anchor_ids, candidates) for d in row)
+    return RankingData(anchor_ids, candidates, tokenizer.cls_token_id, tokenizer.sep_token_id, spec.max_seq_length,
+                       spec.in_batch_negatives, truncated)
+
+
 def encode_texts(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int):
     """Token ids and types; pairs longer than max_length lose tokens from the longer side first (HF's rule)."""
     inputs = list(zip(texts, pairs)) if pairs is not None else texts
@@ -85,10 +142,13 @@ def _truncate(ids: list[int], types: list[int], max_length: int) -> tuple[list[i
     if not any(types):  # one segment: keep [CLS] ... and the final [SEP]
         return ids[: max_length - 1] + ids[-1:], types[:max_length]
     split = types.index(1)
-    a, b = ids[1 : split - 1], ids[split:-1]
+    return join_pair(ids[1 : split - 1], ids[split:-1], ids[0], ids[-1], max_length)
+
+
+def join_pair(a: list[int], b: list[int], cls_id: int, sep_id: int, max_length: int) -> tuple[list[int], list[int]]:
+    """(ids, token types) of `[CLS] a [SEP] b [SEP]` from two texts' pieces, cut longest-first to `max_length`."""
     keep_a, keep_b = _longest_first(len(a), len(b), max_length - 3)
-    new = [ids[0], *a[:keep_a], ids[split - 1], *b[:keep_b], ids[-1]]
-    return new, [0] * (keep_a + 2) + [1] * (keep_b + 1)
+    return [cls_id, *a[:keep_a], sep_id, *b[:keep_b], sep_id], [0] * (keep_a + 2) + [1] * (keep_b + 1)
 
 
 def _longest_first(n_a: int, n_b: int, budget: int) -> tuple[int, int]:
@@ -245,15 +305,8 @@ def load_task_data(spec: LabelledFormat, tokenizer, path: str, label2id: dict | 
         if text_column == "sentence":
             text_column = "sentence1"
     rows = read_table(path)  # once: the tuple check, the label map and the examples read these rows
-    if spec.task == "pair" and spec.anchor_column in rows[0] and not spec.regression:  # tuples: relevant 1, not 0
-        anchors, positives, negatives = _tuples(spec, rows, path)
-        if not negatives[0]:
-            raise DataError(f"{path}: a cross-encoder learns from negatives too: add negative columns (an anchor / "
-                            "positive table trains finetune embed)")
-        pairs = [{"sentence1": a, "sentence2": p, "label": "1"} for a, p in zip(anchors, positives)]
-        pairs += [{"sentence1": a, "sentence2": n, "label": "0"} for a, ns in zip(anchors, negatives) for n in ns]
-        label2id = label2id or {"0": 0, "1": 1}
-        return _from_rows(spec, tokenizer, pairs, path, "sentence1", "sentence2", label2id), label2id
+    if spec.task == "pair" and spec.anchor_column in rows[0]:  # (anchor, positive, negative...) tuples: a reranker
+        return load_ranking(spec, tokenizer, path, rows), None
     if not spec.regression and label2id is None:
         label2id = build_label_map(column(rows, spec.label_column, path))
         if len(label2id) < 2:

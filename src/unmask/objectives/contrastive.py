@@ -7,6 +7,7 @@ Distillation: each anchor's scores of its own positive and negatives fit a teach
 margins (MarginMSE) or as distributions (listwise KL).
 All use scaled cosine similarity (scale 20, as sentence-transformers does for the first two; for distillation the
 scale puts the student's scores on the range of a cross-encoder's logits).
+Cross-encoder ranking: the same softmax over one anchor's candidates, scored by a cross-encoder's logits.
 """
 
 from __future__ import annotations
@@ -93,3 +94,16 @@ def kl_distillation_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.
     over the rows (sentence-transformers' DistillKLDivLoss at temperature 1)."""
     log_q = torch.log_softmax(student.float(), dim=1)
     return F.kl_div(log_q, torch.softmax(teacher.float(), dim=1), reduction="batchmean")
+
+
+def cross_encoder_ranking_loss(logits: torch.Tensor, valid: torch.Tensor | None = None,
+                               scale: float = 10.0) -> torch.Tensor:
+    """logits (B, n): a cross-encoder's relevance logit of each anchor's candidates, its positive first.
+
+    -mean_i log softmax_j(scale * sigmoid(l_ij))[0] (sentence-transformers' cross-encoder
+    MultipleNegativesRankingLoss): the sigmoid bounds each score, so a confident pair stops pulling and the logit stays
+    a probability's log-odds. `valid` (B, n) bool: False drops a candidate from its row's softmax."""
+    scores = torch.sigmoid(logits.float()) * scale
+    if valid is not None:
+        scores = scores.masked_fill(~valid, -torch.inf)
+    return -torch.log_softmax(scores, dim=1)[:, 0].mean()

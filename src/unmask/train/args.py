@@ -156,6 +156,7 @@ class FinetuneArgs(TrainingArgs):
     anchor_column: str = "anchor"  # embed / pair tuple tables: (anchor, positive, negative...) columns
     positive_column: str = "positive"
     negative_columns: str | None = None  # comma-separated; default every column whose name starts with "negative"
+    in_batch_negatives: int = 4  # pair on tuple tables: other rows' positives ranked as each anchor's negatives
     regression: bool = False  # pair/classify: predict a number (num_labels = 1, MSE)
     label_scale: float = 1.0  # regression targets are divided by this (STS-B: 5)
     max_seq_length: int = 128
@@ -217,6 +218,8 @@ class FinetuneArgs(TrainingArgs):
                              "retrieval --sparse on held-out queries")
         if min(self.query_regularizer_weight, self.document_regularizer_weight) < 0:
             raise UsageError("--query_regularizer_weight and --document_regularizer_weight cannot be negative")
+        if self.in_batch_negatives < 0:
+            raise UsageError(f"--in_batch_negatives cannot be negative, got {self.in_batch_negatives}")
         if self.distillation not in DISTILLATION_LOSSES:
             raise UsageError(f"--distillation must be one of {', '.join(DISTILLATION_LOSSES)}, got "
                              f"{self.distillation!r}")

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from unmask.data.collate import MLMCollator
-from unmask.data.labelled import ClassificationData, TaggingData
+from unmask.data.labelled import ClassificationData, RankingData, TaggingData, join_pair
 from unmask.data.pretraining import PackedDataset
 from unmask.data.readers import read_beir
 from unmask.errors import TrainingError
@@ -20,7 +20,7 @@ from unmask.metrics import entity_scores, macro_f1, pearson, retrieval_metrics, 
 from unmask.models.outputs import IGNORE_INDEX
 from unmask.objectives.electra import ElectraPretrainer
 from unmask.pipelines.bm25 import BM25
-from unmask.pipelines.classify import logits_of
+from unmask.pipelines.classify import logits_of, relevance_logit
 from unmask.pipelines.search import InvertedIndex, exact_search
 from unmask.pipelines.sparse import sparse_encode
 from unmask.pipelines.tag import predict_tags
@@ -165,6 +165,19 @@ def evaluate_classification(model, data: ClassificationData, pad_token_id: int, 
             "macro_f1": macro_f1(gold, predicted, model.config.num_labels), "examples": len(gold)}
 
 
+def evaluate_ranking(model, data: RankingData, pad_token_id: int, batch_size: int = 64,
+                     show_progress: bool = False) -> dict:
+    """A reranker on each anchor's own candidates: accuracy (its positive scored above every hard negative) and MRR
+    of the positive among them."""
+    pairs = [join_pair(a, d, data.cls_id, data.sep_id, data.max_length)
+             for a, row in zip(data.anchors, data.candidates) for d in row]
+    logits = logits_of(model, [ids for ids, _ in pairs], [types for _, types in pairs], pad_token_id, batch_size,
+                       show_progress)
+    scores = relevance_logit(logits).reshape(len(data), -1)  # (rows, 1 + k): the positive first
+    above = (scores[:, 1:] >= scores[:, :1]).sum(1)  # hard negatives scored at or above the positive
+    return {"accuracy": float((above == 0).mean()), "mrr": float((1.0 / (1 + above)).mean()), "examples": len(data)}
+
+
 def evaluate_tagging(model, data: TaggingData, pad_token_id: int, batch_size: int = 64,
                      show_progress: bool = False) -> dict:
     """Entity precision / recall / F1 (and per type), word accuracy."""
@@ -181,4 +194,6 @@ def evaluate_task(task: str, model, data, pad_token_id: int, batch_size: int = 6
     """The metrics of a fine-tuned `classify`, `pair` or `tag` model on its labelled data."""
     if task == "tag":
         return evaluate_tagging(model, data, pad_token_id, batch_size, show_progress)
+    if isinstance(data, RankingData):
+        return evaluate_ranking(model, data, pad_token_id, batch_size, show_progress)
     return evaluate_classification(model, data, pad_token_id, batch_size, show_progress)

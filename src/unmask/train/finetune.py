@@ -22,6 +22,7 @@ import torch
 from unmask import models
 from unmask.data.labelled import (
     LabelledFormat,
+    RankingData,
     first_examples,
     labels_seen,
     load_beir_pairs,
@@ -31,11 +32,12 @@ from unmask.data.labelled import (
 from unmask.data.readers import is_sts_release, read_sts
 from unmask.errors import DataError, UsageError
 from unmask.heads import TASK_HEADS, check_head
-from unmask.hub import read_config
+from unmask.hub import load_weights, read_config, read_weights
 from unmask.io import atomic_write_text
 from unmask.objectives.contrastive import (
     candidate_scores,
     cosent_loss,
+    cross_encoder_ranking_loss,
     duplicate_positives,
     flops,
     kl_distillation_loss,
@@ -49,7 +51,7 @@ from unmask.pipelines.sparse import splade_pool
 from unmask.tokenizer import load_tokenizer
 from unmask.train.args import FinetuneArgs
 from unmask.train.distributed import gather_rows, init_distributed, rank_rows
-from unmask.train.evaluate import evaluate_sts, evaluate_task
+from unmask.train.evaluate import evaluate_ranking, evaluate_sts, evaluate_task
 from unmask.train.gradcache import cached_embeddings
 from unmask.train.loop import Evaluation, SampleOrder, train_loop
 
@@ -142,6 +144,29 @@ class BiEncoder(torch.nn.Module):
         return self.encoder.save_pretrained(output_dir)
 
 
+class CrossEncoderRanker(torch.nn.Module):
+    """The training view of a one-label cross-encoder on ranking batches (`RankingData`): every pair of the batch
+    scored in one forward, each anchor's candidates ranked by a softmax (`cross_encoder_ranking_loss`)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self.base_model_prefix = f"model.{model.base_model_prefix}"  # the head's own parameters lie outside it
+
+    def forward(self, input_ids, attention_mask, token_type_ids, candidate_mask, labels) -> _LossOutput:
+        B, n, T = input_ids.shape  # each anchor's n candidates, as pairs of T tokens
+        logits = self.model(input_ids.view(B * n, T), attention_mask.view(B * n, T),
+                            token_type_ids.view(B * n, T)).logits  # (B n, 1)
+        return _LossOutput(cross_encoder_ranking_loss(logits.view(B, n), candidate_mask))
+
+    def save_pretrained(self, output_dir, tokenizer=None) -> Path:
+        return self.model.save_pretrained(output_dir, tokenizer=tokenizer)
+
+    def restore_weights(self, checkpoint: Path) -> None:
+        load_weights(self.model, read_weights(checkpoint), str(checkpoint))
+
+
 def cross_encoder_scorer(path: str, batch_size: int):
     """(query, document) pairs -> the cross-encoder's relevance logit of each (documents cut at its context)."""
     config = read_config(path)
@@ -203,6 +228,8 @@ def _head_setup(args: FinetuneArgs, tokenizer):
     given = {name: i for i, name in enumerate(args.label_names)} or None
     train, label2id = load_task_data(spec, tokenizer, args.train_file, given)  # else: labels from the whole file
     train = first_examples(train, args.max_train_samples)
+    if isinstance(train, RankingData):
+        return _ranking_setup(args, spec, tokenizer, train)
     valid = load_task_data(spec, tokenizer, args.validation_file, label2id)[0] if args.validation_file else None
     if valid is not None and not args.regression and given is None:
         unseen = [name for name, i in label2id.items() if i not in labels_seen(valid)]
@@ -230,6 +257,31 @@ def _head_setup(args: FinetuneArgs, tokenizer):
         return result
 
     return model, train, evaluate
+
+
+def _ranking_setup(args: FinetuneArgs, spec: LabelledFormat, tokenizer, train: RankingData):
+    """(one-label cross-encoder, ranking examples, evaluate) for pair on an (anchor, positive, negative...) table:
+    a reranker, as sentence-transformers' CrossEncoder with its MultipleNegativesRankingLoss."""
+    if args.labels or args.regression:
+        raise UsageError(f"{args.train_file} is an (anchor, positive, negative...) table: finetune pair trains a "
+                         "reranker from it (one relevance score); --labels and --regression are for labelled pairs")
+    valid = load_task_data(spec, tokenizer, args.validation_file, None)[0] if args.validation_file else None
+    if valid is not None and not isinstance(valid, RankingData):
+        raise DataError(f"{args.validation_file}: validate a reranker on a table like its training file (anchor, "
+                        "positive, negative... columns)")
+    valid = first_examples(valid, args.max_eval_samples) if valid is not None else None
+    if train.truncated:
+        print(f"note: {train.truncated} training pairs are longer than --max_seq_length {args.max_seq_length} and "
+              "were truncated")
+    model = load_head_model("pair", args.model, num_labels=1, id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0})
+    if valid is None:
+        return CrossEncoderRanker(model), train, None
+
+    def evaluate() -> dict:
+        return evaluate_ranking(model, valid, tokenizer.pad_token_id, args.per_device_eval_batch_size,
+                                show_progress=args.show_progress)
+
+    return CrossEncoderRanker(model), train, evaluate
 
 
 def finetune(args: FinetuneArgs) -> dict:
