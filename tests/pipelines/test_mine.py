@@ -55,6 +55,19 @@ def test_negatives_come_from_the_range_and_are_never_judged(tmp_path, minilm_dir
     assert len(ranking) == len(rows) and {len(row) for row in ranking.candidates} == {4}
 
 
+def test_the_corpus_is_embedded_a_chunk_at_a_time_into_its_cache(tmp_path, monkeypatch, minilm_dir, beir):
+    """Chunks of the corpus give the vectors of one pass (float16), with the cache file and without one."""
+    encoder = SentenceEncoder.from_pretrained(minilm_dir)
+    doc_texts = read_beir(**beir)[1]
+    whole = encoder.encode(doc_texts, normalize=True).astype(np.float16)
+    monkeypatch.setattr(mine, "CORPUS_CHUNK", 64)  # 200 documents: 4 chunks, the last one short
+    cached = mine.corpus_vectors(encoder, doc_texts, "key", tmp_path, batch_size=16)
+    in_memory = mine.corpus_vectors(encoder, doc_texts, "key", None, batch_size=16)
+    assert isinstance(cached, np.memmap) and (tmp_path / "key.npy").exists() and len(list(tmp_path.iterdir())) == 1
+    for vectors in (cached, in_memory):
+        assert vectors.dtype == np.float16 and np.abs(vectors.astype(np.float32) - whole).max() <= 1e-3
+
+
 def test_a_range_beyond_the_corpus_is_refused(minilm_dir, beir):
     with pytest.raises(UsageError, match="--range_max 500 must satisfy .* the 200 documents"):
         mine.mine_hard_negatives(SentenceEncoder.from_pretrained(minilm_dir), minilm_dir, **beir, range_max=500)

@@ -20,25 +20,45 @@ from unmask.errors import UsageError
 from unmask.io import atomic_write
 from unmask.pipelines.classify import pair_scores
 from unmask.pipelines.search import exact_search
+from unmask.progress import progress
+
+CORPUS_CHUNK = 32_768  # documents tokenized and embedded at a time
 
 
 def corpus_vectors(encoder, doc_texts: list[str], key: str, cache_dir: Path | None, batch_size: int) -> np.ndarray:
-    """(N, H) float16 unit vectors of the documents, read from `cache_dir/key.npy` when an earlier run wrote it."""
+    """(N, H) float16 unit vectors of the documents, read from `cache_dir/key.npy` when an earlier run wrote it.
+    Documents are tokenized and embedded CORPUS_CHUNK at a time, into the cache file itself when there is one, so
+    memory does not grow with the corpus beyond its text."""
     path = cache_dir / f"{key}.npy" if cache_dir else None
     if path is not None and path.exists():
         vectors = np.load(path, mmap_mode="r")
         if vectors.shape[0] == len(doc_texts):
             print(f"mine: reusing the corpus vectors in {path}", file=sys.stderr)
             return vectors
-    vectors = encoder.encode(doc_texts, batch_size=batch_size, normalize=True).astype(np.float16)
-    if path is not None:
-        def save(temporary: Path) -> None:
-            with temporary.open("wb") as f:  # a file, so np.save adds no suffix of its own
-                np.save(f, vectors)
+    shape = (len(doc_texts), encoder.dimension)
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, save)  # a killed run never leaves half a cache
-    return vectors
+    def fill(vectors: np.ndarray) -> None:
+        with progress(total=len(doc_texts), desc="embedding the corpus", unit="doc") as bar:
+            for start in range(0, len(doc_texts), CORPUS_CHUNK):
+                chunk = doc_texts[start : start + CORPUS_CHUNK]
+                vectors[start : start + len(chunk)] = encoder.encode(chunk, batch_size=batch_size, normalize=True,
+                                                                     show_progress=False)
+                bar.update(len(chunk))
+
+    if path is None:
+        vectors = np.empty(shape, dtype=np.float16)
+        fill(vectors)
+        return vectors
+
+    def save(temporary: Path) -> None:  # written in place: a killed run never leaves half a cache under its name
+        vectors = np.lib.format.open_memmap(temporary, mode="w+", dtype=np.float16, shape=shape)
+        fill(vectors)
+        vectors.flush()
+        del vectors
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, save)
+    return np.load(path, mmap_mode="r")
 
 
 def cache_key(model_dir: str | Path, corpus: str | Path, max_seq_length: int) -> str:
