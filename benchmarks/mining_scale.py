@@ -134,10 +134,10 @@ def main() -> None:
     large = write_beir(work / "large", docs, args.queries, seed=1)
     small = write_beir(work / "small", docs[: args.reference_docs], args.queries, seed=2)
     del docs
+    output, vectors = work / "large.jsonl", work / "vectors"
     results = {
-        f"unmask mine, {args.docs:,} documents (embeds)": mine_ours(args, large, work / "large.jsonl", work / "vectors"),
-        f"unmask mine, {args.docs:,} documents (cached vectors)": mine_ours(args, large, work / "large.jsonl",
-                                                                           work / "vectors"),
+        f"unmask mine, {args.docs:,} documents (embeds)": mine_ours(args, large, output, vectors),
+        f"unmask mine, {args.docs:,} documents (cached vectors)": mine_ours(args, large, output, vectors),
         f"unmask mine, {args.reference_docs:,} documents": mine_ours(args, small, work / "small.jsonl",
                                                                     work / "vectors-small"),
         f"sentence-transformers mine_hard_negatives, {args.reference_docs:,} documents": mine_reference(
