@@ -17,6 +17,10 @@ split holds out 200 queries (and their judgements) for evaluation, the rest trai
              head at a 1e-3 peak rate), re-ranking ours' top 100 (`eval retrieval --reranker`)
   matryoshka `finetune embed --matryoshka_dims 384,256,128,64`, scored at 128 dimensions and at all 384
   distill    `finetune embed --teacher` the reranker (MarginMSE), the nDCG@10 it adds over `ours`
+  bm25       `eval retrieval --bm25` (k1 0.9, b 0.4), the lexical baseline
+  splade     SPLADE from a masked LM: all-MiniLM-L6-v2 has no MLM head, so `pretrain --model_name_or_path` gives it
+             one (400 steps on the SciFact corpus, the new head at a 1e-3 peak rate), then `finetune sparse` on the
+             triplets (as `ours`: batch 64, 3 epochs, gradient caching) and `eval retrieval --sparse`
 
 Every model is scored by `unmask eval retrieval` on the held-out queries (documents cut at 256 tokens, as the
 model card and sentence-transformers do): nDCG@10, recall@100, MRR@10. Each training runs in its own process, one
@@ -37,7 +41,7 @@ from pathlib import Path
 
 from benchmarks.common import shared_data
 
-STAGES = ["split", "base", "mine", "ours", "reference", "rerank", "matryoshka", "distill"]
+STAGES = ["split", "base", "mine", "ours", "reference", "rerank", "matryoshka", "distill", "bm25", "splade"]
 HELD_OUT = 200
 
 
@@ -70,6 +74,7 @@ def split_queries(work: Path) -> dict:
 
 
 def evaluate(work: Path, model: str, *extra: str) -> dict:
+    """`model` may also be a flag alone (--bm25)."""
     data = shared_data("scifact")
     out, seconds, _ = run(unmask("eval", "retrieval", model, "--corpus", str(data / "corpus.jsonl"), "--queries",
                                  str(data / "queries.train.jsonl"), "--qrels", str(work / "qrels.heldout.tsv"),
@@ -85,6 +90,23 @@ def train_ours(work: Path, args, name: str, *extra: str) -> dict:
                                   "--warmup_ratio", "0.1", "--weight_decay", "0.01", "--seed", "42",
                                   "--mini_batch_tokens", "8192", "--logging_steps", "5", *extra))
     return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak), **evaluate(work, str(work / name))}
+
+
+def train_splade(work: Path, args) -> dict:
+    data = shared_data("scifact")
+    _, mlm_seconds, _ = run(unmask("pretrain", "--model_name_or_path", args.model, "--train_file",
+                                   str(data / "corpus.jsonl"), "--output_dir", str(work / "mlm"),
+                                   "--overwrite_output_dir", "--max_seq_length", "256",
+                                   "--per_device_train_batch_size", "32", "--max_steps", "400", "--learning_rate",
+                                   "5e-5", "--head_learning_rate", "1e-3", "--warmup_steps", "40", "--seed", "42"))
+    _, seconds, peak = run(unmask("finetune", "sparse", "--model", str(work / "mlm"), "--train_file",
+                                  str(work / "tuples.jsonl"), "--output_dir", str(work / "splade"),
+                                  "--max_seq_length", "256", "--per_device_train_batch_size", str(args.batch_size),
+                                  "--learning_rate", str(args.learning_rate), "--num_train_epochs", str(args.epochs),
+                                  "--warmup_ratio", "0.1", "--weight_decay", "0.01", "--seed", "42",
+                                  "--mini_batch_tokens", "8192", "--logging_steps", "5"))
+    return {"mlm_seconds": round(mlm_seconds, 1), "train_seconds": round(seconds, 1), "peak_rss_mib": round(peak),
+            **evaluate(work, str(work / "splade"), "--sparse")}
 
 
 def train_reference(work: Path, args) -> dict:
@@ -156,6 +178,10 @@ def stage(name: str, work: Path, args) -> dict:
         return {**result, "at_128": evaluate(work, str(work / "matryoshka"), "--dimensions", "128")}
     if name == "distill":
         return train_ours(work, args, "distilled", "--teacher", str(work / "reranker"))
+    if name == "bm25":
+        return evaluate(work, "--bm25")
+    if name == "splade":
+        return train_splade(work, args)
     raise ValueError(name)
 
 
