@@ -13,8 +13,8 @@ split holds out 200 queries (and their judgements) for evaluation, the rest trai
              (mini_batch_size 32: 32 x 256 tokens), the same rows, batch size, learning rate, epochs, seed,
              warmup (10%) and weight decay (0.01)
   rerank     `unmask finetune pair` on the same triplets: a one-label cross-encoder ranking each positive against
-             its negative and 4 other rows' positives (1 epoch, 16 anchors a step, pairs of 320 tokens, the new
-             head at a 1e-3 peak rate), re-ranking ours' top 100 (`eval retrieval --reranker`)
+             its negative and 4 other rows' positives (3 epochs, 16 anchors a step in 4 micro-batches of 4, pairs of
+             320 tokens, the new head at a 1e-3 peak rate), re-ranking ours' top 100 (`eval retrieval --reranker`)
   matryoshka `finetune embed --matryoshka_dims 384,256,128,64`, scored at 128 dimensions and at all 384
   distill    `finetune embed --teacher` the reranker (MarginMSE), the nDCG@10 it adds over `ours`
   bm25       `eval retrieval --bm25` (k1 0.9, b 0.4), the lexical baseline
@@ -167,9 +167,10 @@ def stage(name: str, work: Path, args) -> dict:
     if name == "rerank":
         _, seconds, peak = run(unmask("finetune", "pair", "--model", args.model, "--train_file",
                                       str(work / "tuples.jsonl"), "--output_dir", str(work / "reranker"),
-                                      "--max_seq_length", "320", "--per_device_train_batch_size", "16",
-                                      "--learning_rate", "5e-5", "--head_learning_rate", "1e-3",
-                                      "--num_train_epochs", "1", "--seed", "42", "--logging_steps", "5"))
+                                      "--max_seq_length", "320", "--per_device_train_batch_size", "4",
+                                      "--gradient_accumulation_steps", "4", "--learning_rate", "5e-5",
+                                      "--head_learning_rate", "1e-3", "--num_train_epochs", "3", "--seed", "42",
+                                      "--logging_steps", "5"))
         reranked = evaluate(work, str(work / "ours"), "--reranker", str(work / "reranker"),
                             "--reranker_max_length", "320")  # pairs as long as it was trained on
         return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak), **reranked}
