@@ -4,10 +4,7 @@ size at the memory of one mini-batch.
 The embeddings are computed without a graph, a mini-batch of at most `token_budget` tokens at a time. The loss then
 sees them through `_Replay`, whose backward recomputes each mini-batch with its graph (the same random state, so the
 same dropout) and sends it its slice of the embeddings' gradient: the weights get exactly the gradient of the
-uncached loss, and only one mini-batch's activations are alive at a time. The last mini-batch keeps its graph from
-the start, so it is never computed twice (a batch that fits one mini-batch runs as if uncached); made after the
-replay node, its graph runs first in the backward (autograd takes the newest ready node first) and is freed before
-any replay.
+uncached loss, and only one mini-batch's activations are alive at a time.
 """
 
 from __future__ import annotations
@@ -43,26 +40,22 @@ class _Replay(torch.autograd.Function):
 
 def cached_embeddings(embed: Callable, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       token_budget: int) -> torch.Tensor:
-    """`embed(input_ids, attention_mask)` (N, H), computed a mini-batch at a time, all but the last without a graph;
-    its backward recomputes each of those mini-batches and backpropagates into the weights."""
-    *replayed, last = token_chunks(attention_mask, token_budget)
-    states, parts = [], []
+    """`embed(input_ids, attention_mask)` (N, H), computed a mini-batch at a time without a graph; its backward
+    recomputes each mini-batch and backpropagates into the weights."""
+    chunks, states, parts = token_chunks(attention_mask, token_budget), [], []
     autocast = torch.is_autocast_enabled(input_ids.device.type)
     with torch.no_grad():
-        for rows in replayed:
+        for rows in chunks:
             states.append(torch.get_rng_state())
             parts.append(embed(input_ids[rows], attention_mask[rows]))
 
     def replay(grad: torch.Tensor) -> None:
-        for rows, state in zip(replayed, states):
+        for rows, state in zip(chunks, states):
             with torch.enable_grad(), torch.random.fork_rng(devices=[]), \
                     torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=autocast):
                 torch.set_rng_state(state)
                 part = embed(input_ids[rows], attention_mask[rows])
             part.backward(grad[rows].to(part.dtype))
 
-    cached = []
-    if replayed:
-        trigger = torch.zeros((), requires_grad=True)  # gives the output a backward to run
-        cached = [_Replay.apply(trigger, torch.cat(parts), replay)]
-    return torch.cat([*cached, embed(input_ids[last], attention_mask[last])])  # (N, H)
+    trigger = torch.zeros((), requires_grad=True)  # gives the output a backward to run
+    return _Replay.apply(trigger, torch.cat(parts), replay)
