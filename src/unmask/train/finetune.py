@@ -95,9 +95,10 @@ class BiEncoder(torch.nn.Module):
         # passes DDP cannot hook, and the encoder's pooler (in the checkpoint, unused here) gets no gradient
         self.averages_gradients_itself = True
 
-    def embed_all(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def embed_all(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, last: bool = False) -> torch.Tensor:
+        """`last`: the step's last texts, whose last mini-batch may keep its graph (see gradcache)."""
         if self.mini_batch_tokens and self.training:
-            return cached_embeddings(self.embed, input_ids, attention_mask, self.mini_batch_tokens)
+            return cached_embeddings(self.embed, input_ids, attention_mask, self.mini_batch_tokens, keep_last=last)
         return self.embed(input_ids, attention_mask)
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -109,11 +110,11 @@ class BiEncoder(torch.nn.Module):
                 teacher_scores=None) -> _LossOutput:
         a = self.embed_all(input_ids, attention_mask)  # (B, H)
         if labels.is_floating_point():  # scored pairs: (B, T) each
-            b = self.embed_all(input_ids_b, attention_mask_b)
+            b = self.embed_all(input_ids_b, attention_mask_b, last=True)
             return _LossOutput(sum(cosent_loss(a[:, :d], b[:, :d], labels) for d in self.dims))
         B, n, T = input_ids_b.shape  # (B, 1 + k, T): each anchor's positive, then its negatives
         candidate_ids, candidate_mask = (t.transpose(0, 1).reshape(B * n, T) for t in (input_ids_b, attention_mask_b))
-        candidates = self.embed_all(candidate_ids, candidate_mask)  # (C, H): the positives, then each negative column
+        candidates = self.embed_all(candidate_ids, candidate_mask, last=True)  # (C, H): the positives, then each negative column
         loss = self.ranking_loss(a, candidates, text_keys(candidate_ids, candidate_mask))
         if self.sparse:  # FLOPS: this rank's anchors, and all its documents (positives and negatives)
             loss = loss + self.flops_weights[0] * flops(a) + self.flops_weights[1] * flops(candidates)

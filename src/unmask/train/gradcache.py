@@ -5,6 +5,9 @@ The embeddings are computed without a graph, a mini-batch of at most `token_budg
 sees them through `_Replay`, whose backward recomputes each mini-batch with its graph (the same random state, so the
 same dropout) and sends it its slice of the embeddings' gradient: the weights get exactly the gradient of the
 uncached loss, and only one mini-batch's activations are alive at a time.
+
+With `keep_last`, the last mini-batch keeps its graph instead, so it is computed once. Pass it only to the last call
+before the loss: its graph is then the newest, which autograd backpropagates (and frees) before any replay starts.
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ class _Replay(torch.autograd.Function):
 
 
 def cached_embeddings(embed: Callable, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      token_budget: int) -> torch.Tensor:
-    """`embed(input_ids, attention_mask)` (N, H), computed a mini-batch at a time without a graph; its backward
-    recomputes each mini-batch and backpropagates into the weights."""
+                      token_budget: int, keep_last: bool = False) -> torch.Tensor:
+    """`embed(input_ids, attention_mask)` (N, H), computed a mini-batch at a time without a graph (but the last one
+    with `keep_last`); its backward recomputes each such mini-batch and backpropagates into the weights."""
     chunks, states, parts = token_chunks(attention_mask, token_budget), [], []
+    kept = chunks.pop() if keep_last else None
     autocast = torch.is_autocast_enabled(input_ids.device.type)
     with torch.no_grad():
         for rows in chunks:
@@ -57,5 +61,10 @@ def cached_embeddings(embed: Callable, input_ids: torch.Tensor, attention_mask: 
                 part = embed(input_ids[rows], attention_mask[rows])
             part.backward(grad[rows].to(part.dtype))
 
-    trigger = torch.zeros((), requires_grad=True)  # gives the output a backward to run
-    return _Replay.apply(trigger, torch.cat(parts), replay)
+    cached = []
+    if chunks:
+        trigger = torch.zeros((), requires_grad=True)  # gives the output a backward to run
+        cached = [_Replay.apply(trigger, torch.cat(parts), replay)]
+    if kept is None:
+        return cached[0]
+    return torch.cat([*cached, embed(input_ids[kept], attention_mask[kept])])  # (N, H)
