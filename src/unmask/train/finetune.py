@@ -114,7 +114,7 @@ class BiEncoder(torch.nn.Module):
             return _LossOutput(sum(cosent_loss(a[:, :d], b[:, :d], labels) for d in self.dims))
         B, n, T = input_ids_b.shape  # (B, 1 + k, T): each anchor's positive, then its negatives
         candidate_ids, candidate_mask = (t.transpose(0, 1).reshape(B * n, T) for t in (input_ids_b, attention_mask_b))
-        candidates = self.embed_all(candidate_ids, candidate_mask, last=True)  # (C, H): the positives, then each negative column
+        candidates = self.embed_all(candidate_ids, candidate_mask, last=True)  # (C, H): positives, then negatives
         loss = self.ranking_loss(a, candidates, text_keys(candidate_ids, candidate_mask))
         if self.sparse:  # FLOPS: this rank's anchors, and all its documents (positives and negatives)
             loss = loss + self.flops_weights[0] * flops(a) + self.flops_weights[1] * flops(candidates)
