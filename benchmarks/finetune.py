@@ -40,7 +40,7 @@ DEFAULTS = {"sst2": (2, 32, 64, 5e-5), "conll": (3, 32, 128, 5e-5), "stsb": (4, 
 def ours(name: str, model_dir: str, args, out: Path) -> dict:
     spec = TASKS[name]
     options = dict(task=spec["task"], model=model_dir, train_file=str(shared_data(*spec["train"])),
-                   validation_file=str(shared_data(*spec["valid"])), output_dir=str(out),
+                   validation_file=str(shared_data(*spec["valid"])), output_dir=str(out), overwrite_output_dir=True,
                    per_device_train_batch_size=args.batch_size, max_seq_length=args.max_length,
                    num_train_epochs=args.epochs, learning_rate=args.learning_rate, weight_decay=0.01,
                    bf16=args.bf16, seed=args.seed, logging_steps=100)

@@ -73,7 +73,7 @@ def sst2(model_dir: str, args, out: Path, seed: int = 42) -> dict:
     start = time.perf_counter()
     result = finetune(FinetuneArgs(
         task="classify", model=model_dir, train_file=str(args.train_file),
-        validation_file=str(shared_data("sst2", "dev.tsv")), output_dir=str(out),
+        validation_file=str(shared_data("sst2", "dev.tsv")), output_dir=str(out), overwrite_output_dir=True,
         per_device_train_batch_size=args.batch_size, max_seq_length=args.max_length, num_train_epochs=args.epochs,
         learning_rate=args.learning_rate, weight_decay=0.01, bf16=args.bf16, seed=seed, logging_steps=200))
     return {"accuracy": result["eval_accuracy"], "seconds": time.perf_counter() - start,

@@ -85,7 +85,8 @@ def evaluate(work: Path, model: str, *extra: str) -> dict:
 def train_ours(work: Path, args, name: str, *extra: str) -> dict:
     _, seconds, peak = run(unmask("finetune", "embed", "--model", args.model, "--train_file",
                                   str(work / "tuples.jsonl"), "--output_dir", str(work / name),
-                                  "--max_seq_length", "256", "--per_device_train_batch_size", str(args.batch_size),
+                                  "--overwrite_output_dir", "--max_seq_length", "256",
+                                  "--per_device_train_batch_size", str(args.batch_size),
                                   "--learning_rate", str(args.learning_rate), "--num_train_epochs", str(args.epochs),
                                   "--warmup_ratio", "0.1", "--weight_decay", "0.01", "--seed", "42",
                                   "--mini_batch_tokens", "8192", "--logging_steps", "5", *extra))
@@ -101,7 +102,8 @@ def train_splade(work: Path, args) -> dict:
                                    "5e-5", "--head_learning_rate", "1e-3", "--warmup_steps", "40", "--seed", "42"))
     _, seconds, peak = run(unmask("finetune", "sparse", "--model", str(work / "mlm"), "--train_file",
                                   str(work / "tuples.jsonl"), "--output_dir", str(work / "splade"),
-                                  "--max_seq_length", "256", "--per_device_train_batch_size", str(args.batch_size),
+                                  "--overwrite_output_dir", "--max_seq_length", "256",
+                                  "--per_device_train_batch_size", str(args.batch_size),
                                   "--learning_rate", str(args.learning_rate), "--num_train_epochs", str(args.epochs),
                                   "--warmup_ratio", "0.1", "--weight_decay", "0.01", "--seed", "42",
                                   "--mini_batch_tokens", "8192", "--logging_steps", "5"))
@@ -167,7 +169,8 @@ def stage(name: str, work: Path, args) -> dict:
     if name == "rerank":
         _, seconds, peak = run(unmask("finetune", "pair", "--model", args.model, "--train_file",
                                       str(work / "tuples.jsonl"), "--output_dir", str(work / "reranker"),
-                                      "--max_seq_length", "320", "--per_device_train_batch_size", "4",
+                                      "--overwrite_output_dir", "--max_seq_length", "320",
+                                      "--per_device_train_batch_size", "4",
                                       "--gradient_accumulation_steps", "4", "--learning_rate", "5e-5",
                                       "--head_learning_rate", "1e-3", "--num_train_epochs", "3", "--seed", "42",
                                       "--logging_steps", "5"))

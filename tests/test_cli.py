@@ -184,6 +184,8 @@ def _mistakes(root, dirs) -> dict[str, tuple[list, str]]:
         "a preset and a checkpoint": (pretrain + ["--model_config", "bert-tiny", "--model_name_or_path", mlm],
                                       "--model_config and --model_name_or_path exclude each other"),
         "an output directory in use": (pretrain[:4] + [root / "used"], "pass --overwrite_output_dir"),
+        "a fine-tuning output directory in use": (["finetune", "classify", encoder, "--train_file", text,
+                                                  "--output_dir", root / "used"], "pass --overwrite_output_dir"),
         "sequences longer than the model's context": (pretrain + ["--model_name_or_path", mlm, "--max_seq_length",
                                                                   "4096"], "exceeds the model's"),
         "resuming with no checkpoint": (pretrain + ["--resume_from_checkpoint", "latest"], "no complete checkpoint"),

@@ -267,6 +267,18 @@ def write_sts(path, rows):
     return path
 
 
+def test_a_new_run_refuses_an_output_dir_another_run_left(tmp_path, encoder_dir):
+    """As transformers' scripts: its checkpoints would be taken for the new run's (resume, rotation)."""
+    out = tmp_path / "o"
+    (out / "checkpoint-99").mkdir(parents=True)
+    args = dict(task="classify", model=str(encoder_dir), train_file=str(write_tsv(tmp_path / "t.tsv",
+                sentiment_rows(20, 0))), output_dir=str(out), max_steps=2, show_progress=False)
+    with pytest.raises(UsageError, match="is not empty .checkpoint-99.: pass --overwrite_output_dir"):
+        finetune(FinetuneArgs(**args))
+    finetune(FinetuneArgs(**args, overwrite_output_dir=True))
+    assert not (out / "checkpoint-99").exists() and (out / "model.safetensors").is_file()
+
+
 def test_pair_regression_on_sts_format(tmp_path, encoder_dir):
     train = write_sts(tmp_path / "sts-train.csv", sts_rows(300, 0))
     valid = write_sts(tmp_path / "sts-dev.csv", sts_rows(80, 1))

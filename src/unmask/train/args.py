@@ -46,6 +46,7 @@ class TrainingArgs:
     save_total_limit: int = 2
     seed: int = 42
     resume_from_checkpoint: str | None = None  # a checkpoint directory, or "latest" in output_dir
+    overwrite_output_dir: bool = False  # a fresh run may write into a directory that holds another run's files
     show_progress: bool = True
 
     def __post_init__(self):
@@ -73,7 +74,6 @@ class PretrainArgs(TrainingArgs):
     validation_file: list[str] = field(default_factory=list)
     model_name_or_path: str | None = None  # a model directory to continue from (exclusive with model_config)
     model_config: str | None = None  # a preset name (bert-*, modernbert-*) or a config.json; default bert-mini
-    overwrite_output_dir: bool = False  # a fresh run may write into a directory that holds another run's files
     extend_vocab: int | None = None  # with model_name_or_path: add up to this many of the corpus's WordPiece pieces
     objective: str = "mlm"  # mlm | electra
     generator_size: float = 0.25  # electra: the generator's width as a fraction of the discriminator's

@@ -50,6 +50,7 @@ from unmask.pipelines.embed import SentenceEncoder, pool
 from unmask.pipelines.sparse import splade_pool
 from unmask.tokenizer import load_tokenizer
 from unmask.train.args import FinetuneArgs
+from unmask.train.checkpoint import prepare_output_dir
 from unmask.train.distributed import gather_rows, init_distributed, rank_rows
 from unmask.train.evaluate import evaluate_ranking, evaluate_sts, evaluate_task
 from unmask.train.gradcache import cached_embeddings
@@ -290,7 +291,9 @@ def finetune(args: FinetuneArgs) -> dict:
     dist = init_distributed()
     torch.manual_seed(args.seed)
     output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    if dist.is_main:
+        prepare_output_dir(output_dir, resuming=bool(args.resume_from_checkpoint), overwrite=args.overwrite_output_dir)
+    dist.barrier()
     tokenizer = load_tokenizer(args.model)
     setup = _embed_setup if args.task in ("embed", "sparse") else _head_setup
     model, train, evaluate = setup(args, tokenizer)
