@@ -92,6 +92,28 @@ def _run_example_data(args) -> None:
           f"read them as {root}/...")
 
 
+def _run_export_onnx(args) -> None:
+    from unmask.pipelines.export import ONNX_DIR, export_onnx
+
+    model_dir, output_dir = Path(args.model), Path(args.output_dir or args.model)
+    if not (model_dir / "config.json").is_file():
+        raise UsageError(f"{model_dir}: not a model directory (no config.json)")
+    if output_dir.resolve() != model_dir.resolve() and output_dir.exists() and any(output_dir.iterdir()) \
+            and not args.overwrite:
+        raise UsageError(f"{output_dir} is not empty: give an empty or new directory, the model directory itself "
+                         "(the graph goes to its onnx/ folder), or --overwrite")
+    report = export_onnx(model_dir, output_dir, int8=args.int8)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    for name, outputs in report.items():
+        if name == "head":
+            continue
+        agreement = ", ".join(f"{output} cosine {found['cosine']:.6f} (max |diff| {found['max_abs_diff']:.1e})"
+                              for output, found in outputs.items())
+        print(f"{output_dir / ONNX_DIR / name}: {agreement} against the PyTorch forward")
+
+
 def _run_tokenizer_train(args) -> None:
     from unmask.tokenizer import train_tokenizer
 
@@ -221,9 +243,9 @@ _HELP = {
     "int8": "CPU only: int8 dynamically quantised linear layers, faster and slightly less accurate (BENCHMARKS.md)",
     "bf16_inference": "bfloat16 weights and activations: faster on GPUs and on CPUs with AVX512-BF16 or AMX "
                       "(outputs within bf16 rounding of fp32; BENCHMARKS.md)",
-    "attn_backend": "ModernBERT attention: varlen (unpadded tokens, FlashAttention's varlen kernel on a GPU where "
-                    "installed) or sdpa (padded batch with a sliding-window mask, as transformers computes it); no "
-                    "effect on BERT, which always unpads",
+    "attn_backend": "attention: varlen (unpadded tokens, FlashAttention's varlen kernel on a GPU where installed) "
+                    "or sdpa (a padded batch, masked (ModernBERT: with its sliding window), as transformers computes "
+                    "it)",
     "objective": "mlm (masked-LM) or electra (generator + replaced-token detection; the export is the discriminator)",
     "generator_size": "electra: the generator's width as a fraction of the model's (1/4 to 1/2 usual)",
     "rtd_weight": "electra: loss = generator MLM + rtd_weight x replaced-token detection",
@@ -553,6 +575,19 @@ def _add_setup_commands(commands) -> None:
     example.add_argument("--overwrite", action="store_true", help="write into a directory that is not empty")
     example.add_argument("--seed", type=int, default=0, help="seed of the generated texts")
     example.set_defaults(run=_run_example_data)
+
+    export = commands.add_parser("export", help="export a model to another runtime's format")
+    onnx = export.add_subparsers(dest="export_command", required=True).add_parser(
+        "onnx", help="ONNX graphs for ONNX Runtime, in the layout sentence-transformers (backend='onnx') and optimum "
+                     "load: OUTPUT_DIR/onnx/model.onnx beside the model's files")
+    onnx.add_argument("model", metavar="MODEL", help="a model directory of any head unmask serves")
+    onnx.add_argument("output_dir", metavar="OUTPUT_DIR", nargs="?",
+                      help="where to write (default: the model directory itself)")
+    onnx.add_argument("--int8", action="store_true",
+                      help="also onnx/model_qint8.onnx: int8 weights, dynamically quantised (ORT's quantize_dynamic)")
+    onnx.add_argument("--overwrite", action="store_true", help="write into an OUTPUT_DIR that is not empty")
+    onnx.add_argument("--json", action="store_true", help=_JSON_HELP)
+    onnx.set_defaults(run=_run_export_onnx)
 
     tokenizer = commands.add_parser("tokenizer", help="tokenizer tools")
     tokenizer_commands = tokenizer.add_subparsers(dest="tokenizer_command", required=True)

@@ -9,6 +9,7 @@ import torch
 
 from unmask.config import PRESETS, BertConfig, load_config
 from unmask.errors import CheckpointError
+from unmask.models import set_attn_backend
 from unmask.models.bert import BertForMaskedLM, BertForSequenceClassification, BertModel
 
 transformers = pytest.importorskip("transformers")
@@ -37,11 +38,13 @@ def batch(seed: int = 0):
     return ids, attention_mask, token_type_ids, labels
 
 
-def test_logits_and_loss_match_transformers():
+@pytest.mark.parametrize("backend", ["varlen", "sdpa"])
+def test_logits_and_loss_match_transformers(backend):
     hf = hf_tiny()
     ours = BertForMaskedLM(BertConfig(**TINY)).eval()
     assert set(ours.state_dict()) == set(hf.state_dict())
     ours.load_state_dict(hf.state_dict(), strict=True)
+    set_attn_backend(ours, backend)  # unpadded rows, or every position with a masked SDPA call (ONNX export's)
     ids, mask, types, labels = batch()
     with torch.no_grad():
         theirs = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
@@ -57,12 +60,14 @@ def test_logits_and_loss_match_transformers():
     assert (sparse.logits - theirs.logits[labels != -100]).abs().max() <= 1e-5
 
 
-def test_training_path_matches_transformers_loss_and_gradients():
+@pytest.mark.parametrize("backend", ["varlen", "sdpa"])
+def test_training_path_matches_transformers_loss_and_gradients(backend):
     """In training mode q/k/v run as one stacked GEMM (inference uses three), and the head predicts only at the
     labelled rows: same loss, same gradients. Dropout is off so that the two models see the same numbers."""
     hf = hf_tiny()
     ours = BertForMaskedLM(BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).train()
     ours.load_state_dict(hf.state_dict(), strict=True)
+    set_attn_backend(ours, backend)
     ids, mask, types, labels = batch()
     hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels).loss.backward()
     loss = ours(ids, mask, types, labels=labels, sparse_prediction=True).loss

@@ -69,10 +69,10 @@ def from_config(config, head: str):
 
 
 def set_attn_backend(model: torch.nn.Module, backend: str) -> None:
-    """ModernBERT's attention backend for every ModernBERT encoder in `model` (ELECTRA holds two); a run-time choice
-    that changes no parameter. BERT always runs unpadded and has no such switch."""
+    """The attention backend of every encoder in `model` (ELECTRA holds two): varlen (unpadded rows) or sdpa (padded,
+    as transformers); a run-time choice that changes no parameter."""
     if backend not in ATTN_BACKENDS:
         raise UsageError(f"attn_backend must be one of {', '.join(ATTN_BACKENDS)}, got {backend!r}")
     for module in model.modules():
-        if isinstance(module, modernbert.ModernBertModel):
+        if isinstance(module, (bert.BertModel, modernbert.ModernBertModel)):
             module.attn_backend = backend

@@ -18,11 +18,11 @@ def gelu(x: torch.Tensor) -> torch.Tensor:
     shape and caches it (~2 MB each). Unpadded batches have a new number of tokens almost every step, so memory
     grows by the step (training) and by the request (serving). ATen's kernel, which non-contiguous input gets, is
     as fast and keeps nothing (BENCHMARKS.md); the output comes back in the input's layout."""
-    return F.gelu(x.mT).mT if x.dim() > 1 else F.gelu(x)
+    return F.gelu(x.transpose(-2, -1)).transpose(-2, -1) if x.dim() > 1 else F.gelu(x)
 
 
 def gelu_(x: torch.Tensor) -> torch.Tensor:
-    torch.ops.aten.gelu_(x.mT if x.dim() > 1 else x)
+    torch.ops.aten.gelu_(x.transpose(-2, -1) if x.dim() > 1 else x)
     return x
 
 

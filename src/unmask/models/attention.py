@@ -172,8 +172,9 @@ def _each_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Unp
 def local_or_global(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
                     attention_mask: torch.Tensor | None, dropout_p: float = 0.0) -> torch.Tensor:
     """Padded attention for one layer: global, or sliding-window (blocked once T exceeds two windows, where the
-    dense band would cost more than the blocks). (B, nh, T, hd) each -> (B, nh, T, hd)."""
+    dense band would cost more than the blocks; a trace for ONNX export keeps the dense band, which exports for
+    every T). (B, nh, T, hd) each -> (B, nh, T, hd)."""
     T = q.shape[2]
-    if window is not None and T > 2 * window:
+    if window is not None and T > 2 * window and not torch.jit.is_tracing():
         return sliding_window_sdpa(q, k, v, window, attention_mask, dropout_p)
     return sdpa(q, k, v, padded_mask(attention_mask, T, window, q.device), dropout_p)

@@ -6,7 +6,9 @@ Shapes: B batch, T tokens, H hidden, nh heads, hd head dim, V vocabulary, N real
 
 Between the embeddings and the output, the layers see only the real tokens, concatenated as (N, H) rows: the dense
 layers, nearly all of the FLOPs, skip the padding (two thirds of a randomly batched SST-2 step); attention restores
-the (B, T) layout it needs (`attention.varlen`). The output is padded back to (B, T, H).
+the (B, T) layout it needs (`attention.varlen`). The output is padded back to (B, T, H). With
+`model.attn_backend = "sdpa"` every position is a row instead, (B T, H), and each layer makes one masked SDPA call:
+transformers' layout, a graph of fixed shape (what ONNX export traces).
 """
 
 from __future__ import annotations
@@ -209,6 +211,7 @@ class BertModel(HubMixin, nn.Module):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.attn_backend = "varlen"  # or "sdpa" (padded); a run-time choice that changes no parameter
         self.apply(lambda m: init_weights(m, config.initializer_range))
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -227,17 +230,28 @@ class BertModel(HubMixin, nn.Module):
             attention_mask = torch.ones_like(input_ids)
         if output_mask is not None:
             check_output_mask(output_mask, attention_mask)
-        batch = unpad_input(attention_mask)
-        indices = batch.indices  # (N,) real tokens
+        varlen = self.attn_backend == "varlen"
+        batch = unpad_input(attention_mask) if varlen else None
+        key_mask = None if varlen else attention.padded_mask(attention_mask, T, None, input_ids.device)  # (B, 1, 1, T)
+
+        def rows(t: torch.Tensor) -> torch.Tensor:  # (B, T) -> (N,): the real tokens (varlen), or every position
+            return t.flatten()[batch.indices] if varlen else t.flatten()
+
         # a token's position is its column, as in HF (left padding included)
-        x = self.embeddings(input_ids.flatten()[indices], token_type_ids.flatten()[indices], indices % T)  # (N, H)
+        positions = rows(torch.arange(T, device=input_ids.device).expand(B, T))
+        x = self.embeddings(rows(input_ids), rows(token_type_ids), positions)  # (N, H)
 
         def attend(q, k, v, dropout_p):  # (N, nh, hd) each; no token attends across sequences
-            return attention.varlen(q, k, v, batch, None, dropout_p)
+            if varlen:
+                return attention.varlen(q, k, v, batch, None, dropout_p)
+            q, k, v = (t.view(B, T, *t.shape[1:]).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+            y = attention.sdpa(q, k, v, key_mask, dropout_p)
+            return y.transpose(1, 2).flatten(0, 1)  # (B T, nh, hd)
 
         if output_mask is not None:
-            return EncoderOutput(self.encoder(x, attend, output_mask.flatten()[indices]))  # (M, H)
-        x = pad_input(self.encoder(x, attend), indices, B, T)  # (B, T, H), zeros at padding
+            return EncoderOutput(self.encoder(x, attend, rows(output_mask)))  # (M, H)
+        x = self.encoder(x, attend)
+        x = pad_input(x, batch.indices, B, T) if varlen else x.view(B, T, -1)  # (B, T, H); varlen: zeros at padding
         return EncoderOutput(x, self.pooler(x) if self.pooler is not None else None)
 
 

@@ -39,7 +39,7 @@ class TrainingArgs:
     decay_ratio: float = 0.1  # warmup_stable_decay: the last share of the (post-warmup) steps that decays
     bf16: bool = False
     torch_compile: bool = False  # compile the training forward (and so its backward): slow first steps, pays on GPUs
-    attn_backend: str = "varlen"  # ModernBERT: varlen (unpadded) or sdpa (padded, as transformers); BERT unpads
+    attn_backend: str = "varlen"  # varlen (unpadded) or sdpa (padded, as transformers)
     logging_steps: int = 10
     eval_steps: int | None = None
     save_steps: int | None = None

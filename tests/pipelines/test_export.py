@@ -1,0 +1,143 @@
+"""ONNX export: for each head of each architecture, ONNX Runtime computes on the exported graph what our PyTorch
+forward computes (1e-5), on batches of another size and length than the one traced; the files land where
+sentence-transformers and optimum look; without onnxruntime the error names the install."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from unmask.config import ModernBertConfig
+from unmask.errors import UsageError
+from unmask.models import from_pretrained
+from unmask.models.modernbert import (
+    ModernBertForMaskedLM,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
+)
+from unmask.pipelines.embed import SentenceEncoder
+
+onnxruntime = pytest.importorskip("onnxruntime", reason="pip install unmask[onnx]")
+from unmask.pipelines.export import export_onnx  # noqa: E402  (after the skip: it needs onnxruntime)
+
+HEADS = {"embed": "encoder", "classify": "sequence-classification", "fill-mask": "masked-lm",
+         "tag": "token-classification"}
+TEXTS = ["the old sailor remembered the lighthouse by the harbour before dawn, and the children painted a garden "
+         "full of sunflowers while everyone slept", "a letter", "my neighbour celebrated", "our teacher (again).",
+         "the committee misunderstood the 1887 railway timetable for 3.5 hours."]
+
+
+@pytest.fixture(scope="module")
+def modernbert_dirs(tmp_path_factory, tokenizer):
+    """Tiny ModernBERT models of each head; the encoder in sentence-transformers' layout, CLS pooling, normalised."""
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("modernbert")
+
+    def config(**extra):
+        return ModernBertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=3,
+                                num_attention_heads=4, intermediate_size=48, max_position_embeddings=128,
+                                global_attn_every_n_layers=2, local_attention=16, pad_token_id=tokenizer.pad_token_id,
+                                **extra)
+
+    SentenceEncoder(ModernBertModel(config()), tokenizer, pooling="cls", normalize=True).save_pretrained(
+        root / "embed")
+    heads = {"classify": ModernBertForSequenceClassification(config(num_labels=3)),
+             "fill-mask": ModernBertForMaskedLM(config()),
+             "tag": ModernBertForTokenClassification(config(num_labels=5))}
+    for name, model in heads.items():
+        model.save_pretrained(root / name, tokenizer=tokenizer)
+    return {"embed": root / "embed", **{name: root / name for name in heads}}
+
+
+def batch(tokenizer, with_types: bool) -> dict[str, np.ndarray]:
+    """Five texts from 3 to 40 tokens, right-padded: another batch size and length than export's sample."""
+    encodings = tokenizer.encode_batch(TEXTS)
+    T = max(len(e.ids) for e in encodings)
+    ids = np.full((len(TEXTS), T), tokenizer.pad_token_id, dtype=np.int64)
+    for row, e in enumerate(encodings):
+        ids[row, : len(e.ids)] = e.ids
+    inputs = {"input_ids": ids, "attention_mask": (ids != tokenizer.pad_token_id).astype(np.int64)}
+    return {**inputs, "token_type_ids": np.zeros_like(ids)} if with_types else inputs
+
+
+def check_graph(model_dir, out, task, tokenizer):
+    with_types = json.loads((model_dir / "config.json").read_text())["model_type"] == "bert"
+    inputs = batch(tokenizer, with_types)
+    assert inputs["input_ids"].shape[1] > 30
+    session = onnxruntime.InferenceSession(str(out / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == list(inputs)
+    real = inputs["attention_mask"].astype(bool)
+    if task == "embed":
+        hidden, vectors = session.run(["last_hidden_state", "sentence_embedding"], inputs)
+        encoder = SentenceEncoder.from_pretrained(model_dir)
+        assert np.abs(vectors - encoder.encode(TEXTS, batch_size=2)).max() <= 1e-5  # the user-facing vectors
+        theirs = encoder.model(torch.from_numpy(inputs["input_ids"]), torch.from_numpy(inputs["attention_mask"]))
+        assert np.abs(hidden[real] - theirs.last_hidden_state.detach().numpy()[real]).max() <= 1e-5
+        return
+    (logits,) = session.run(["logits"], inputs)
+    model = from_pretrained(model_dir, HEADS[task]).eval()
+    with torch.no_grad():
+        expected = model(*(torch.from_numpy(a) for a in inputs.values())).logits.numpy()
+    assert logits.shape == expected.shape
+    if logits.ndim == 3:  # per token: padding positions are no output
+        logits, expected = logits[real], expected[real]
+    assert np.abs(logits - expected).max() <= 1e-5, task
+
+
+@pytest.mark.parametrize("task", list(HEADS))
+def test_the_bert_graph_computes_our_forward(tmp_path, model_dirs, tokenizer, task):
+    report = export_onnx(model_dirs[task], tmp_path / "out")
+    assert report["head"] == HEADS[task] and all(found["cosine"] >= 0.99999 for found in report["model.onnx"].values())
+    check_graph(model_dirs[task], tmp_path / "out", task, tokenizer)
+    assert (tmp_path / "out" / "config.json").is_file() and (tmp_path / "out" / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("task", list(HEADS))
+def test_the_modernbert_graph_computes_our_forward(tmp_path, modernbert_dirs, tokenizer, task):
+    export_onnx(modernbert_dirs[task], tmp_path / "out")
+    check_graph(modernbert_dirs[task], tmp_path / "out", task, tokenizer)
+
+
+def test_int8_is_written_beside_and_its_agreement_reported(tmp_path, model_dirs):
+    report = export_onnx(model_dirs["embed"], tmp_path / "out", int8=True)
+    assert (tmp_path / "out" / "onnx" / "model_qint8.onnx").is_file()
+    cosine = report["model_qint8.onnx"]["sentence_embedding"]["cosine"]
+    assert 0.9 < cosine < report["model.onnx"]["sentence_embedding"]["cosine"]
+
+
+def test_the_command_exports_in_place_and_refuses_a_folder_in_use(tmp_path, model_dirs):
+    from shutil import copytree
+
+    model = copytree(model_dirs["classify"], tmp_path / "model")
+    done = subprocess.run([sys.executable, "-m", "unmask.cli", "export", "onnx", str(model)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (model / "onnx" / "model.onnx").is_file() and "logits cosine 1.0" in done.stdout
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("x")
+    done = subprocess.run([sys.executable, "-m", "unmask.cli", "export", "onnx", str(model), str(tmp_path / "used")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "used is not empty" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_without_onnxruntime_the_error_names_the_install(tmp_path, model_dirs, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
+    with pytest.raises(UsageError, match=r"pip install unmask\[onnx\]"):
+        export_onnx(model_dirs["embed"], tmp_path / "out")
+
+
+def test_sentence_transformers_loads_the_exported_directory(tmp_path, minilm_dir):
+    pytest.importorskip("optimum.onnxruntime", reason="optimum-onnx (sentence-transformers' ONNX backend) requires "
+                                                      "transformers < 4.58 and cannot be installed beside 5.x")
+    from sentence_transformers import SentenceTransformer
+
+    export_onnx(minilm_dir, tmp_path / "out")
+    theirs = SentenceTransformer(str(tmp_path / "out"), backend="onnx", device="cpu").encode(TEXTS)
+    ours = SentenceEncoder.from_pretrained(minilm_dir).encode(TEXTS)
+    assert np.abs(theirs - ours).max() <= 1e-5
