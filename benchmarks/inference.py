@@ -14,6 +14,9 @@
 - modernbert: a ragged batch (16 texts of 64-511 tokens, random ids) through modernbert-small (random weights), ours
   (the default, unpadded `varlen` backend, and the padded `sdpa` one) vs transformers' ModernBertModel (sdpa).
 - tokenization: our Tokenizer.encode_batch vs transformers' fast tokenizer on the same sentences.
+- onnxruntime: all-MiniLM-L6-v2 exported by `unmask export onnx` (fp32, and int8 by ORT's quantize_dynamic) run in ONNX
+  Runtime as its users run it (its own session, full graph optimisation, as many threads as torch; batches of 32
+  sorted by length, mean pooling in numpy) against ours fp32 and `--int8` on the same sentences; STS-B dev Spearman.
 
 Both sides share one process, so both run with the allocator setting that loading an unmask model applies
 (`unmask.runtime.keep_freed_memory`: freed blocks stay in the heap instead of being page-faulted in afresh). It is
@@ -208,6 +211,73 @@ def modernbert_ragged(rounds: int) -> dict:
             "tokens": int(lengths.sum()), "padded_tokens": 16 * T}
 
 
+def ort_session(path: Path):
+    """An ONNX Runtime session as its users make one: full graph optimisation, 2 threads, the CPU provider."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = options.inter_op_num_threads = torch.get_num_threads()
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def ort_encode(session, tokenizer, texts: list[str], max_length: int, batch_size: int = 32) -> np.ndarray:
+    """sentence-transformers' ONNX path: sorted by length, batches of 32 padded to their longest, the graph's
+    token vectors mean-pooled and normalised in numpy."""
+    encodings = tokenizer.encode_batch(texts)
+    order = np.argsort([-len(e.ids) for e in encodings], kind="stable")
+    out = [None] * len(texts)
+    for start in range(0, len(texts), batch_size):
+        rows = order[start: start + batch_size]
+        ids = [encodings[i].ids[:max_length] for i in rows]
+        T = max(len(i) for i in ids)
+        input_ids = np.zeros((len(ids), T), dtype=np.int64)
+        for r, row in enumerate(ids):
+            input_ids[r, : len(row)] = row
+        mask = (np.arange(T)[None] < np.array([len(i) for i in ids])[:, None]).astype(np.int64)
+        (hidden,) = session.run(["last_hidden_state"], {"input_ids": input_ids, "attention_mask": mask,
+                                                        "token_type_ids": np.zeros_like(input_ids)})
+        vectors = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+        for row, vector in zip(rows, vectors / np.linalg.norm(vectors, axis=1, keepdims=True)):
+            out[row] = vector
+    return np.stack(out)
+
+
+def onnxruntime_embeddings(model_dir: str, texts: list[str], rounds: int, work: Path) -> dict:
+    """Ours against ONNX Runtime on our export of the same weights (fp32, and int8 against ORT's quantize_dynamic),
+    same sentences, same process, alternating; quality as STS-B dev Spearman where the data is present."""
+    from unmask.pipelines.embed import SentenceEncoder
+    from unmask.pipelines.export import export_onnx
+
+    export_onnx(model_dir, work / "onnx-minilm", int8=True)
+    ours, int8 = SentenceEncoder.from_pretrained(model_dir), SentenceEncoder.from_pretrained(model_dir, int8=True)
+    sessions = {name: ort_session(work / "onnx-minilm" / "onnx" / file)
+                for name, file in [("ORT fp32", "model.onnx"), ("ORT int8", "model_qint8.onnx")]}
+    length = ours.max_seq_length
+
+    def run_ours(encoder):
+        return lambda items=texts: encoder.encode(items, batch_size=32, truncation="truncate", show_progress=False)
+
+    def run_ort(session):
+        return lambda items=texts: ort_encode(session, ours.tokenizer, items, length)
+
+    contenders = {"unmask": run_ours(ours), "ORT fp32": run_ort(sessions["ORT fp32"]),
+                  "unmask --int8": run_ours(int8), "ORT int8": run_ort(sessions["ORT int8"])}
+    vectors = {k: f() for k, f in contenders.items()}
+    rate = {k: len(texts) / v for k, v in alternate(contenders, rounds).items()}
+    result = {"sentences_per_second": rate, "ratio_fp32": rate["unmask"] / rate["ORT fp32"],
+              "ratio_int8": rate["unmask --int8"] / rate["ORT int8"],
+              "min_cosine_to_unmask_fp32": {k: float(_cosine(v, vectors["unmask"]).min()) for k, v in vectors.items()}}
+    if SHARED_DATA.joinpath("stsb", "sts-dev.csv").exists():
+        from unmask.data.readers import read_sts
+        from unmask.metrics import spearman
+
+        first, second, gold = read_sts(SHARED_DATA / "stsb" / "sts-dev.csv")
+        result["stsb_dev_spearman"] = {k: spearman((f(first) * f(second)).sum(1), gold)  # unit vectors: cosines
+                                       for k, f in contenders.items()}
+    return result
+
+
 def tokenization(model_dir: str, texts: list[str], rounds: int) -> dict:
     import transformers
 
@@ -221,7 +291,7 @@ def tokenization(model_dir: str, texts: list[str], rounds: int) -> dict:
     return {"sentences_per_second": rate, "ratio": rate["unmask"] / rate["transformers"]}
 
 
-PARTS = ["tokenization", "latency", "modernbert", "fill-mask", "embeddings"]
+PARTS = ["tokenization", "latency", "modernbert", "fill-mask", "embeddings", "onnxruntime"]
 
 
 def reference_alone(part: str, model_dir: str, texts: list[str], rounds: int) -> dict:
@@ -271,7 +341,9 @@ def main() -> None:
                  "modernbert": lambda: modernbert_ragged(args.rounds),
                  "fill-mask": lambda: fill_mask_speed(masked_lm_dir(model_dir, Path(tmp) / "mlm"), texts,
                                                       args.rounds),
-                 "embeddings": lambda: embeddings(model_dir, texts, max(2, args.rounds - 1))}
+                 "embeddings": lambda: embeddings(model_dir, texts, max(2, args.rounds - 1)),
+                 "onnxruntime": lambda: onnxruntime_embeddings(model_dir, texts, max(2, args.rounds - 1),
+                                                               Path(tmp))}
         for name in PARTS:
             if name in args.only:
                 key = {"latency": "latency bert-base 128 tokens", "modernbert": "modernbert-small ragged batch"}.get(
