@@ -1,9 +1,11 @@
 """Sparse (SPLADE) vectors from a masked-LM head: one weight per vocabulary entry, most of them zero.
 
-    w[v] = max over the input's tokens t of log(1 + relu(logits[t, v]))
+    w[v] = max over the input's tokens t of log(1 + relu(logits[t, v])) = log(1 + relu(max over t of logits[t, v]))
 
-(SPLADE's max pooling; Formal et al. 2021). The head runs at the real tokens only (`sparse_prediction` without
-labels), so a batch costs (real tokens, V) floats, not (B, T, V).
+(SPLADE's max pooling; Formal et al. 2021; the two forms are equal because log(1 + relu(x)) never decreases, and so
+are their gradients). The head runs at the real tokens only (`sparse_prediction` without labels), so a batch costs
+(real tokens, V) floats, not (B, T, V); taking each sequence's maximum of the logits first, training keeps no
+(tokens, V) tensor for the backward, only the argmax of each vocabulary entry.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ def splade_pool(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
     """(B, V) SPLADE weights of a padded batch, differentiable (training reads the same function)."""
     out = model(input_ids, attention_mask, token_type_ids, sparse_prediction=True)  # logits at every real token
-    weights = torch.log1p(torch.relu(out.logits.float()))  # (M, V)
-    rows = out.predicted_positions.nonzero()[:, 0]  # (M,) the sequence of each row
-    pooled = weights.new_zeros(input_ids.shape[0], weights.shape[1])
-    return pooled.scatter_reduce(0, rows[:, None].expand_as(weights), weights, reduce="amax")  # (B, V)
+    logits = out.logits.float()  # (M, V): each sequence's rows in turn (row-major order)
+    counts = out.predicted_positions.sum(dim=1).tolist()  # (B,) real tokens of each sequence
+    top = [rows.max(dim=0).values if len(rows) else logits.new_zeros(logits.shape[1])
+           for rows in logits.split(counts)]  # max's backward keeps only the argmax indices, (V,) a sequence
+    return torch.log1p(torch.relu(torch.stack(top)))  # (B, V)
 
 
 def splade_vectors(model, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]],
