@@ -224,17 +224,15 @@ def ort_session(path: Path):
 def ort_encode(session, tokenizer, texts: list[str], max_length: int, batch_size: int = 32) -> np.ndarray:
     """sentence-transformers' ONNX path: sorted by length, batches of 32 padded to their longest, the graph's
     token vectors mean-pooled and normalised in numpy."""
+    from unmask.data.collate import pad_batch
+
     encodings = tokenizer.encode_batch(texts)
     order = np.argsort([-len(e.ids) for e in encodings], kind="stable")
     out = [None] * len(texts)
     for start in range(0, len(texts), batch_size):
         rows = order[start: start + batch_size]
-        ids = [encodings[i].ids[:max_length] for i in rows]
-        T = max(len(i) for i in ids)
-        input_ids = np.zeros((len(ids), T), dtype=np.int64)
-        for r, row in enumerate(ids):
-            input_ids[r, : len(row)] = row
-        mask = (np.arange(T)[None] < np.array([len(i) for i in ids])[:, None]).astype(np.int64)
+        input_ids, mask = (t.numpy() for t in pad_batch([encodings[i].ids[:max_length] for i in rows],
+                                                        tokenizer.pad_token_id))
         (hidden,) = session.run(["last_hidden_state"], {"input_ids": input_ids, "attention_mask": mask,
                                                         "token_type_ids": np.zeros_like(input_ids)})
         vectors = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)

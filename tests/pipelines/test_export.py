@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from unmask.config import ModernBertConfig
+from unmask.data.collate import pad_batch
 from unmask.errors import UsageError
 from unmask.models import from_pretrained
 from unmask.models.modernbert import (
@@ -57,13 +58,9 @@ def modernbert_dirs(tmp_path_factory, tokenizer):
 
 def batch(tokenizer, with_types: bool) -> dict[str, np.ndarray]:
     """Five texts from 3 to 40 tokens, right-padded: another batch size and length than export's sample."""
-    encodings = tokenizer.encode_batch(TEXTS)
-    T = max(len(e.ids) for e in encodings)
-    ids = np.full((len(TEXTS), T), tokenizer.pad_token_id, dtype=np.int64)
-    for row, e in enumerate(encodings):
-        ids[row, : len(e.ids)] = e.ids
-    inputs = {"input_ids": ids, "attention_mask": (ids != tokenizer.pad_token_id).astype(np.int64)}
-    return {**inputs, "token_type_ids": np.zeros_like(ids)} if with_types else inputs
+    ids, mask = pad_batch([e.ids for e in tokenizer.encode_batch(TEXTS)], tokenizer.pad_token_id)
+    inputs = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    return {**inputs, "token_type_ids": np.zeros_like(inputs["input_ids"])} if with_types else inputs
 
 
 def check_graph(model_dir, out, task, tokenizer):

@@ -237,9 +237,9 @@ class BertModel(HubMixin, nn.Module):
         def rows(t: torch.Tensor) -> torch.Tensor:  # (B, T) -> (N,): the real tokens (varlen), or every position
             return t.flatten()[batch.indices] if varlen else t.flatten()
 
+        flat = batch.indices if varlen else torch.arange(B * T, device=input_ids.device)  # (N,) in the (B T) batch
         # a token's position is its column, as in HF (left padding included)
-        positions = rows(torch.arange(T, device=input_ids.device).expand(B, T))
-        x = self.embeddings(rows(input_ids), rows(token_type_ids), positions)  # (N, H)
+        x = self.embeddings(rows(input_ids), rows(token_type_ids), flat % T)  # (N, H)
 
         def attend(q, k, v, dropout_p):  # (N, nh, hd) each; no token attends across sequences
             if varlen:

@@ -10,6 +10,7 @@ ONNX Runtime on a ragged batch and is compared with the PyTorch forward (the unp
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from unmask.data.collate import pad_batch
 from unmask.errors import UsageError
 from unmask.heads import head_of
 from unmask.hub import read_config
@@ -74,15 +76,10 @@ def load_for_export(model_dir: Path) -> tuple[_Exported, object]:
 
 def sample_inputs(tokenizer, model_type: str) -> dict[str, np.ndarray]:
     """A ragged batch of three texts (padding on two rows), int64 as ORT takes them."""
-    encodings = tokenizer.encode_batch(_SAMPLE)
-    T = max(len(e.ids) for e in encodings)
-    ids = np.full((len(encodings), T), tokenizer.pad_token_id, dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for row, e in enumerate(encodings):
-        ids[row, : len(e.ids)], mask[row, : len(e.ids)] = e.ids, 1
-    inputs = {"input_ids": ids, "attention_mask": mask}
+    ids, mask = pad_batch([e.ids for e in tokenizer.encode_batch(_SAMPLE)], tokenizer.pad_token_id)
+    inputs = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
     if model_type == "bert":
-        inputs["token_type_ids"] = np.zeros_like(ids)
+        inputs["token_type_ids"] = np.zeros_like(inputs["input_ids"])
     return inputs
 
 
@@ -97,17 +94,20 @@ def export_onnx(model_dir: str | Path, output_dir: str | Path, int8: bool = Fals
     (output_dir / ONNX_DIR).mkdir(parents=True, exist_ok=True)
     inputs = sample_inputs(tokenizer, module.model.config.model_type)
     expected = _torch_outputs(module, inputs)
-    fp32 = output_dir / ONNX_DIR / FP32_NAME
-    _trace(module, inputs, fp32)
-    report = {"head": module.head, FP32_NAME: _agreement(fp32, inputs, expected, module.outputs)}
+    fp32, staged = output_dir / ONNX_DIR / FP32_NAME, output_dir / ONNX_DIR / f".{FP32_NAME}.tmp"
+    _trace(module, inputs, staged)  # a graph lands under its name only whole and checked
+    report = {"head": module.head, FP32_NAME: _agreement(staged, inputs, expected, module.outputs)}
     if min(found["cosine"] for found in report[FP32_NAME].values()) < MIN_FP32_COSINE:
+        staged.unlink()
         raise RuntimeError(f"{fp32}: the exported graph disagrees with the PyTorch forward ({report[FP32_NAME]}); "
                            "please report this")
+    os.replace(staged, fp32)
     if int8:  # dynamic quantisation as ORT's users run it: int8 weights, activations quantised per call
-        quantized = output_dir / ONNX_DIR / INT8_NAME
-        onnxruntime.quantization.quantize_dynamic(str(fp32), str(quantized),
+        quantized, staged = output_dir / ONNX_DIR / INT8_NAME, output_dir / ONNX_DIR / f".{INT8_NAME}.tmp"
+        onnxruntime.quantization.quantize_dynamic(str(fp32), str(staged),
                                                   weight_type=onnxruntime.quantization.QuantType.QInt8)
-        report[INT8_NAME] = _agreement(quantized, inputs, expected, module.outputs)
+        report[INT8_NAME] = _agreement(staged, inputs, expected, module.outputs)
+        os.replace(staged, quantized)
     return report
 
 
