@@ -14,9 +14,10 @@
 - modernbert: a ragged batch (16 texts of 64-511 tokens, random ids) through modernbert-small (random weights), ours
   (the default, unpadded `varlen` backend, and the padded `sdpa` one) vs transformers' ModernBertModel (sdpa).
 - tokenization: our Tokenizer.encode_batch vs transformers' fast tokenizer on the same sentences.
-- onnxruntime: all-MiniLM-L6-v2 exported by `unmask export onnx` (fp32, and int8 by ORT's quantize_dynamic) run in ONNX
-  Runtime as its users run it (its own session, full graph optimisation, as many threads as torch; batches of 32
-  sorted by length, mean pooling in numpy) against ours fp32 and `--int8` on the same sentences; STS-B dev Spearman.
+- onnxruntime: all-MiniLM-L6-v2 exported by our onnxruntime backend (fp32, and int8 by ORT's quantize_dynamic) run in
+  ONNX Runtime as its users run it (its own session, full graph optimisation, as many threads as torch; batches of 32
+  sorted by length, mean pooling in numpy) against ours fp32 and `--int8`, and our pipeline on the onnxruntime
+  backend, on the same sentences; STS-B dev Spearman. Also one 128-token input through bert-base against ORT.
 
 Both sides share one process, so both run with the allocator setting that loading an unmask model applies
 (`unmask.runtime.keep_freed_memory`: freed blocks stay in the heap instead of being page-faulted in afresh). It is
@@ -31,6 +32,7 @@ fresh process with no unmask model loaded:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import tempfile
@@ -211,16 +213,6 @@ def modernbert_ragged(rounds: int) -> dict:
             "tokens": int(lengths.sum()), "padded_tokens": 16 * T}
 
 
-def ort_session(path: Path):
-    """An ONNX Runtime session as its users make one: full graph optimisation, 2 threads, the CPU provider."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = options.inter_op_num_threads = torch.get_num_threads()
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 def ort_encode(session, tokenizer, texts: list[str], max_length: int, batch_size: int = 32) -> np.ndarray:
     """sentence-transformers' ONNX path: sorted by length, batches of 32 padded to their longest, the graph's
     token vectors mean-pooled and normalised in numpy."""
@@ -243,13 +235,18 @@ def ort_encode(session, tokenizer, texts: list[str], max_length: int, batch_size
 
 def onnxruntime_embeddings(model_dir: str, texts: list[str], rounds: int, work: Path) -> dict:
     """Ours against ONNX Runtime on our export of the same weights (fp32, and int8 against ORT's quantize_dynamic),
-    same sentences, same process, alternating; quality as STS-B dev Spearman where the data is present."""
-    from unmask.pipelines.embed import SentenceEncoder
-    from unmask.pipelines.export import export_onnx
+    same sentences, same process, alternating; also our pipeline on the onnxruntime backend (the same graphs);
+    quality as STS-B dev Spearman where the data is present."""
+    import shutil
 
-    export_onnx(model_dir, work / "onnx-minilm", int8=True)
-    ours, int8 = SentenceEncoder.from_pretrained(model_dir), SentenceEncoder.from_pretrained(model_dir, int8=True)
-    sessions = {name: ort_session(work / "onnx-minilm" / "onnx" / file)
+    from unmask.models.onnx import ort_session
+    from unmask.pipelines.embed import SentenceEncoder
+
+    model = shutil.copytree(model_dir, work / "minilm")  # the backend exports into the model's onnx/ folder
+    ours, int8 = SentenceEncoder.from_pretrained(model), SentenceEncoder.from_pretrained(model, int8=True)
+    backend = {precision: SentenceEncoder.from_pretrained(model, backend="onnxruntime", int8=precision == "int8")
+               for precision in ("fp32", "int8")}
+    sessions = {name: ort_session(model / "onnx" / file)
                 for name, file in [("ORT fp32", "model.onnx"), ("ORT int8", "model_qint8.onnx")]}
     length = ours.max_seq_length
 
@@ -260,7 +257,9 @@ def onnxruntime_embeddings(model_dir: str, texts: list[str], rounds: int, work: 
         return lambda items=texts: ort_encode(session, ours.tokenizer, items, length)
 
     contenders = {"unmask": run_ours(ours), "ORT fp32": run_ort(sessions["ORT fp32"]),
-                  "unmask --int8": run_ours(int8), "ORT int8": run_ort(sessions["ORT int8"])}
+                  "unmask --backend onnxruntime": run_ours(backend["fp32"]),
+                  "unmask --int8": run_ours(int8), "ORT int8": run_ort(sessions["ORT int8"]),
+                  "unmask --backend onnxruntime --int8": run_ours(backend["int8"])}
     vectors = {k: f() for k, f in contenders.items()}
     rate = {k: len(texts) / v for k, v in alternate(contenders, rounds).items()}
     result = {"sentences_per_second": rate, "ratio_fp32": rate["unmask"] / rate["ORT fp32"],
@@ -273,6 +272,37 @@ def onnxruntime_embeddings(model_dir: str, texts: list[str], rounds: int, work: 
         first, second, gold = read_sts(SHARED_DATA / "stsb" / "sts-dev.csv")
         result["stsb_dev_spearman"] = {k: spearman((f(first) * f(second)).sum(1), gold)  # unit vectors: cosines
                                        for k, f in contenders.items()}
+    return result
+
+
+def onnxruntime_latency(rounds: int, work: Path) -> dict:
+    """One 128-token input through bert-base (random weights): ours against ORT on our export of the same model,
+    fp32 and int8."""
+    from unmask.config import load_config
+    from unmask.models import for_inference
+    from unmask.models.bert import BertModel
+    from unmask.models.onnx import GraphModule, ort_session, write_graphs
+
+    config = load_config("bert-base")
+    torch.manual_seed(0)
+    ours = BertModel(config).eval()
+    write_graphs(GraphModule(ours, "encoder"), work / "bert-base-onnx", int8=True)
+    sessions = {p: ort_session(work / "bert-base-onnx" / f) for p, f in [("fp32", "model.onnx"),
+                                                                          ("int8", "model_qint8.onnx")]}
+    ids = torch.randint(1000, config.vocab_size, (1, 128))
+    mask = torch.ones_like(ids)
+    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": np.zeros_like(ids.numpy())}
+    models = {"fp32": ours, "int8": for_inference(copy.deepcopy(ours), int8=True)}  # int8 quantises in place
+    result = {}
+    for precision in ("fp32", "int8"):
+        model, session = models[precision], sessions[precision]
+        with torch.inference_mode():
+            for _ in range(3):
+                model(ids, mask), session.run(["last_hidden_state"], feed)
+            seconds = alternate({"unmask": lambda: model(ids, mask),
+                                 "ORT": lambda: session.run(["last_hidden_state"], feed)}, rounds * 10)
+        ms = {k: 1000 * v for k, v in seconds.items()}
+        result[precision] = {"ms": ms, "ratio": ms["ORT"] / ms["unmask"]}
     return result
 
 
@@ -340,8 +370,9 @@ def main() -> None:
                  "fill-mask": lambda: fill_mask_speed(masked_lm_dir(model_dir, Path(tmp) / "mlm"), texts,
                                                       args.rounds),
                  "embeddings": lambda: embeddings(model_dir, texts, max(2, args.rounds - 1)),
-                 "onnxruntime": lambda: onnxruntime_embeddings(model_dir, texts, max(2, args.rounds - 1),
-                                                               Path(tmp))}
+                 "onnxruntime": lambda: {"embeddings": onnxruntime_embeddings(model_dir, texts,
+                                                                              max(2, args.rounds - 1), Path(tmp)),
+                                         "latency bert-base 128 tokens": onnxruntime_latency(args.rounds, Path(tmp))}}
         for name in PARTS:
             if name in args.only:
                 key = {"latency": "latency bert-base 128 tokens", "modernbert": "modernbert-small ragged batch"}.get(

@@ -113,6 +113,40 @@ def model_dirs(tmp_path_factory, tokenizer):
     return {name: root / name for name in made}
 
 
+@pytest.fixture(scope="session")
+def modernbert_dirs(tmp_path_factory, tokenizer):
+    """Tiny ModernBERT models of each head; the encoder in sentence-transformers' layout, CLS pooling, normalised."""
+    import torch
+
+    from unmask.config import ModernBertConfig
+    from unmask.models.modernbert import (
+        ModernBertForMaskedLM,
+        ModernBertForSequenceClassification,
+        ModernBertForTokenClassification,
+        ModernBertModel,
+    )
+    from unmask.pipelines.embed import SentenceEncoder
+
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("modernbert")
+
+    def config(**extra):
+        return ModernBertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=3,
+                                num_attention_heads=4, intermediate_size=48, max_position_embeddings=128,
+                                global_attn_every_n_layers=2, local_attention=16, pad_token_id=tokenizer.pad_token_id,
+                                **extra)
+
+    SentenceEncoder(ModernBertModel(config()), tokenizer, pooling="cls", normalize=True).save_pretrained(
+        root / "embed")
+    heads = {"classify": ModernBertForSequenceClassification(config(num_labels=3)),
+             "fill-mask": ModernBertForMaskedLM(config()),
+             "tag": ModernBertForTokenClassification(config(id2label={0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC",
+                                                                      4: "I-LOC"}))}
+    for name, model in heads.items():
+        model.save_pretrained(root / name, tokenizer=tokenizer)
+    return {"embed": root / "embed", **{name: root / name for name in heads}}
+
+
 class Server:
     """`unmask serve MODEL_DIR FLAGS...` until `stop`; `call` speaks HTTP/1.1 to it."""
 

@@ -241,6 +241,8 @@ _HELP = {
     "pooling": "an encoder's pooling (mean, cls, max; default: its directory's), or splade: serve a masked-LM "
                "directory's SPLADE vectors on /embed_sparse",
     "int8": "CPU only: int8 dynamically quantised linear layers, faster and slightly less accurate (BENCHMARKS.md)",
+    "backend": "what runs the model: torch, or onnxruntime (its ONNX graph, exported once and kept in its onnx/ "
+               "folder, in ONNX Runtime; needs pip install unmask[onnx]; BENCHMARKS.md says which is faster where)",
     "bf16_inference": "bfloat16 weights and activations: faster on GPUs and on CPUs with AVX512-BF16 or AMX "
                       "(outputs within bf16 rounding of fp32; BENCHMARKS.md)",
     "attn_backend": "attention: varlen (unpadded tokens, FlashAttention's varlen kernel on a GPU where installed) "
@@ -303,7 +305,7 @@ def _args_of(cls, args):
     return cls(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
 
 
-def _model_for(command: str, task: str, path: str, int8: bool = False, bf16: bool = False):
+def _model_for(command: str, task: str, path: str, int8: bool = False, bf16: bool = False, backend: str = "torch"):
     """(model, tokenizer) of a directory whose head fits `task`; any other head is refused by name
     (`heads.check_head`), never loaded with a head made up from random weights."""
     from unmask.hub import read_config
@@ -312,7 +314,7 @@ def _model_for(command: str, task: str, path: str, int8: bool = False, bf16: boo
 
     config = read_config(path)
     check_head(command, task, path, config.architectures)
-    model = from_pretrained(path, TASK_HEADS[task], int8=int8, bf16=bf16, config=config)
+    model = from_pretrained(path, TASK_HEADS[task], int8=int8, bf16=bf16, config=config, backend=backend)
     return model, load_tokenizer(path, model.config)
 
 
@@ -341,7 +343,7 @@ def _run_eval_task(args) -> None:
     from unmask.data.labelled import LabelledFormat, load_task_data
     from unmask.train.evaluate import evaluate_task
 
-    model, tokenizer = _model_for(f"unmask eval {args.task}", args.task, args.model)
+    model, tokenizer = _model_for(f"unmask eval {args.task}", args.task, args.model, **_inference(args))
     regression = model.config.num_labels == 1
     spec = LabelledFormat(task=args.task, text_column=args.text_column, text_pair_column=args.text_pair_column,
                           label_column=args.label_column, regression=regression, label_scale=args.label_scale,
@@ -354,8 +356,7 @@ def _run_predict(args) -> None:
     from unmask.pipelines.classify import predict_classify, predict_rerank
     from unmask.pipelines.tag import predict_entities
 
-    model, tokenizer = _model_for(f"unmask predict {args.task}", args.task, args.model, int8=args.int8,
-                                  bf16=args.bf16)
+    model, tokenizer = _model_for(f"unmask predict {args.task}", args.task, args.model, **_inference(args))
     long_inputs = {"truncation": args.truncation, "stride": args.stride}
     if args.task == "classify":
         result = predict_classify(model, tokenizer, args.texts, top_k=args.top_k, **long_inputs)
@@ -380,7 +381,7 @@ def _run_eval_mlm(args) -> None:
     from unmask.io import cache_dir
     from unmask.train.evaluate import evaluate_mlm
 
-    model, tokenizer = _model_for("unmask eval mlm", "fill-mask", args.model)
+    model, tokenizer = _model_for("unmask eval mlm", "fill-mask", args.model, **_inference(args))
     cache = build_token_cache(args.file, tokenizer, cache_dir("tokens"), args.text_field, show_progress=False)
     data = PackedDataset.from_cache(cache, tokenizer, args.max_seq_length)
     result = evaluate_mlm(model, data, tokenizer, args.batch_size, args.mlm_probability, args.max_samples,
@@ -392,7 +393,7 @@ def _run_eval_mlm(args) -> None:
 def _run_fill_mask(args) -> None:
     from unmask.pipelines.fill_mask import fill_mask
 
-    model, tokenizer = _model_for("unmask fill-mask", "fill-mask", args.model, int8=args.int8, bf16=args.bf16)
+    model, tokenizer = _model_for("unmask fill-mask", "fill-mask", args.model, **_inference(args))
     results = fill_mask(model, tokenizer, args.texts, top_k=args.top_k)
     if args.json:
         print(json.dumps(results[0] if len(args.texts) == 1 else results))
@@ -413,8 +414,7 @@ def _run_embed(args) -> None:
     sentences = read_sentences(args.input)
     if args.sparse:
         return _embed_sparse(args, sentences)
-    encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length, int8=args.int8,
-                                              bf16=args.bf16)
+    encoder = SentenceEncoder.from_pretrained(args.model, max_seq_length=args.max_seq_length, **_inference(args))
     vectors = encoder.encode(sentences, batch_size=args.batch_size, normalize=args.normalize,
                              truncation=args.truncation, stride=args.stride, dimensions=args.dimensions)
     np.save(args.output, vectors)
@@ -430,7 +430,7 @@ def _embed_sparse(args, sentences: list[str]) -> None:
     if args.dimensions is not None or args.normalize:
         raise UsageError("--sparse writes SPLADE weights over the vocabulary: --dimensions and --normalize are for "
                          "dense vectors")
-    model, tokenizer = _model_for("unmask embed --sparse", "sparse", args.model, args.int8, args.bf16)
+    model, tokenizer = _model_for("unmask embed --sparse", "sparse", args.model, **_inference(args))
     vectors = sparse_encode(model, tokenizer, sentences, batch_size=args.batch_size, truncation=args.truncation,
                             stride=args.stride, max_length=args.max_seq_length)
     atomic_write_text(args.output, "".join(json.dumps({str(i): round(w, 6) for i, w in v.items()}) + "\n"
@@ -445,9 +445,9 @@ def _run_mine(args) -> None:
     from unmask.pipelines.embed import SentenceEncoder
     from unmask.pipelines.mine import mine_hard_negatives, write_rows
 
-    encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
-    cross_encoder = (_model_for("unmask mine --cross_encoder", "rerank", args.cross_encoder, int8=args.int8,
-                                bf16=args.bf16) if args.cross_encoder else None)
+    encoder = SentenceEncoder.from_pretrained(args.model, **_inference(args))
+    cross_encoder = (_model_for("unmask mine --cross_encoder", "rerank", args.cross_encoder, **_inference(args))
+                     if args.cross_encoder else None)
     cache = args.cache_dir or cache_dir("vectors")
     rows, left_out = mine_hard_negatives(encoder, args.model, args.corpus, args.queries, args.qrels,
                                          args.num_negatives, args.range_min, args.range_max, args.margin,
@@ -462,7 +462,7 @@ def _run_eval_sts(args) -> None:
     from unmask.pipelines.embed import SentenceEncoder
     from unmask.train.evaluate import evaluate_sts
 
-    encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
+    encoder = SentenceEncoder.from_pretrained(args.model, **_inference(args))
     pairs = read_sts(args.file, args.sentence1_column, args.sentence2_column, args.score_column)
     _report(args, evaluate_sts(encoder, *pairs, batch_size=args.batch_size, dimensions=args.dimensions))
 
@@ -479,14 +479,14 @@ def _run_eval_retrieval(args) -> None:
     if args.sparse:
         from unmask.train.evaluate import evaluate_sparse_retrieval
 
-        model, tokenizer = _model_for("unmask eval retrieval --sparse", "sparse", args.model, args.int8, args.bf16)
+        model, tokenizer = _model_for("unmask eval retrieval --sparse", "sparse", args.model, **_inference(args))
         _report(args, evaluate_sparse_retrieval(model, tokenizer, args.corpus, args.queries, args.qrels,
                                                 batch_size=args.batch_size, truncation=args.truncation,
                                                 stride=args.stride, rerank=rerank))
         return
     from unmask.pipelines.embed import SentenceEncoder
 
-    encoder = SentenceEncoder.from_pretrained(args.model, int8=args.int8, bf16=args.bf16)
+    encoder = SentenceEncoder.from_pretrained(args.model, **_inference(args))
     _report(args, evaluate_retrieval(encoder, args.corpus, args.queries, args.qrels, batch_size=args.batch_size,
                                      truncation=args.truncation, stride=args.stride, dimensions=args.dimensions,
                                      rerank=rerank))
@@ -500,8 +500,7 @@ def _reranker(args):
 
     if args.rerank_top_k < 1 or (args.reranker_max_length is not None and args.reranker_max_length < 2):
         raise UsageError("--rerank_top_k must be at least 1 and --reranker_max_length at least 2")
-    model, tokenizer = _model_for("unmask eval retrieval --reranker", "rerank", args.reranker, int8=args.int8,
-                                  bf16=args.bf16)
+    model, tokenizer = _model_for("unmask eval retrieval --reranker", "rerank", args.reranker, **_inference(args))
     return partial(rerank_candidates, model, tokenizer, top_k=args.rerank_top_k, truncation=args.truncation,
                    max_length=args.reranker_max_length, batch_size=args.batch_size)
 
@@ -536,6 +535,13 @@ def _add_inference_precision(parser: argparse.ArgumentParser) -> None:
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--int8", action="store_true", help=_HELP["int8"])
     choice.add_argument("--bf16", action="store_true", help=_HELP["bf16_inference"])
+    parser.add_argument("--backend", choices=["torch", "onnxruntime"], default="torch",
+                        help=_HELP["backend"] + " (default torch)")
+
+
+def _inference(args) -> dict:
+    """How the command's models run: precision and backend (`_add_inference_precision`'s flags)."""
+    return {"int8": args.int8, "bf16": args.bf16, "backend": args.backend}
 
 
 def _add_beir(parser: argparse.ArgumentParser) -> None:
@@ -693,6 +699,7 @@ def _add_eval_mlm(eval_commands) -> None:
     mlm.add_argument("--text_field", default="text", help="the field of the text in JSONL files (default text)")
     mlm.add_argument("--seed", type=int, default=0, help="masking seed (fixed: comparable across models)")
     mlm.add_argument("--json", action="store_true", help=_JSON_HELP)
+    _add_inference_precision(mlm)
     mlm.set_defaults(run=_run_eval_mlm)
 
 
@@ -722,6 +729,7 @@ def _add_eval_labelled(eval_commands) -> None:
                          help="tokens per input; longer ones are truncated (default 128)")
         sub.add_argument("--batch_size", type=int, default=64, help="inputs per forward pass (default 64)")
         sub.add_argument("--json", action="store_true", help=_JSON_HELP)
+        _add_inference_precision(sub)
 
 
 def _add_eval_embeddings(eval_commands) -> None:

@@ -6,6 +6,7 @@ is ever unpickled. Every file is written atomically (`unmask.io`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -83,6 +84,18 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         except Exception as e:  # noqa: BLE001 - torch raises many types for a bad pickle
             raise CheckpointError(f"{path / LEGACY_WEIGHTS_NAME}: cannot be loaded safely ({e})") from e
     raise CheckpointError(f"{path}: no {WEIGHTS_NAME} (or {LEGACY_WEIGHTS_NAME})")
+
+
+def weights_sha256(path: Path) -> str:
+    """The SHA-256 of a directory's weights file (what keys the graphs exported from it)."""
+    weights = next((path / name for name in (WEIGHTS_NAME, LEGACY_WEIGHTS_NAME) if (path / name).exists()), None)
+    if weights is None:
+        raise CheckpointError(f"{path}: no {WEIGHTS_NAME} (or {LEGACY_WEIGHTS_NAME})")
+    digest = hashlib.sha256()
+    with open(weights, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _align_prefix(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -12,16 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from unmask.config import ModernBertConfig
 from unmask.data.collate import pad_batch
 from unmask.errors import UsageError
 from unmask.models import from_pretrained
-from unmask.models.modernbert import (
-    ModernBertForMaskedLM,
-    ModernBertForSequenceClassification,
-    ModernBertForTokenClassification,
-    ModernBertModel,
-)
 from unmask.pipelines.embed import SentenceEncoder
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="pip install unmask[onnx]")
@@ -32,28 +25,6 @@ HEADS = {"embed": "encoder", "classify": "sequence-classification", "fill-mask":
 TEXTS = ["the old sailor remembered the lighthouse by the harbour before dawn, and the children painted a garden "
          "full of sunflowers while everyone slept", "a letter", "my neighbour celebrated", "our teacher (again).",
          "the committee misunderstood the 1887 railway timetable for 3.5 hours."]
-
-
-@pytest.fixture(scope="module")
-def modernbert_dirs(tmp_path_factory, tokenizer):
-    """Tiny ModernBERT models of each head; the encoder in sentence-transformers' layout, CLS pooling, normalised."""
-    torch.manual_seed(0)
-    root = tmp_path_factory.mktemp("modernbert")
-
-    def config(**extra):
-        return ModernBertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=3,
-                                num_attention_heads=4, intermediate_size=48, max_position_embeddings=128,
-                                global_attn_every_n_layers=2, local_attention=16, pad_token_id=tokenizer.pad_token_id,
-                                **extra)
-
-    SentenceEncoder(ModernBertModel(config()), tokenizer, pooling="cls", normalize=True).save_pretrained(
-        root / "embed")
-    heads = {"classify": ModernBertForSequenceClassification(config(num_labels=3)),
-             "fill-mask": ModernBertForMaskedLM(config()),
-             "tag": ModernBertForTokenClassification(config(num_labels=5))}
-    for name, model in heads.items():
-        model.save_pretrained(root / name, tokenizer=tokenizer)
-    return {"embed": root / "embed", **{name: root / name for name in heads}}
 
 
 def batch(tokenizer, with_types: bool) -> dict[str, np.ndarray]:

@@ -22,6 +22,7 @@ MODEL_CLASSES = {
                    "token-classification": modernbert.ModernBertForTokenClassification},
 }
 ATTN_BACKENDS = modernbert.BACKENDS
+INFERENCE_BACKENDS = ("torch", "onnxruntime")
 
 
 def model_class(model_type: str, head: str):
@@ -30,13 +31,25 @@ def model_class(model_type: str, head: str):
 
 
 def from_pretrained(path: str | Path, head: str, int8: bool = False, bf16: bool = False, config=None,
-                    **config_overrides):
+                    backend: str = "torch", **config_overrides):
     """Load a model directory as the class its config.json names for `head` (an AutoModelFor... in one line);
     `config`: the directory's config when the caller has read it already; `int8` / `bf16`: for inference (see
-    `for_inference`)."""
+    `for_inference`); `backend="onnxruntime"`: its exported graph in ONNX Runtime, exported once (models/onnx.py)."""
+    check_backend(backend, bf16)
     config = config if config is not None else read_config(path)
+    if backend == "onnxruntime":
+        from unmask.models.onnx import onnxruntime_model  # onnxruntime is an optional dependency
+
+        return onnxruntime_model(path, config, head, lambda: from_pretrained(path, head, config=config), int8)
     model = model_class(config.model_type, head).from_pretrained(path, config, **config_overrides)
     return for_inference(model, int8, bf16)
+
+
+def check_backend(backend: str, bf16: bool = False) -> None:
+    if backend not in INFERENCE_BACKENDS:
+        raise UsageError(f"backend must be one of {', '.join(INFERENCE_BACKENDS)}, got {backend!r}")
+    if backend == "onnxruntime" and bf16:
+        raise UsageError("bf16 runs on the torch backend only; the onnxruntime backend runs fp32 or int8 graphs")
 
 
 def for_inference(model: torch.nn.Module, int8: bool = False, bf16: bool = False) -> torch.nn.Module:

@@ -17,8 +17,11 @@ def gelu(x: torch.Tensor) -> torch.Tensor:
     Why the view: for a contiguous float tensor on the CPU, `F.gelu` calls oneDNN, which builds a kernel for each
     shape and caches it (~2 MB each). Unpadded batches have a new number of tokens almost every step, so memory
     grows by the step (training) and by the request (serving). ATen's kernel, which non-contiguous input gets, is
-    as fast and keeps nothing (BENCHMARKS.md); the output comes back in the input's layout."""
-    return F.gelu(x.transpose(-2, -1)).transpose(-2, -1) if x.dim() > 1 else F.gelu(x)
+    as fast and keeps nothing (BENCHMARKS.md); the output comes back in the input's layout. An ONNX trace takes the
+    plain call: the transposes would reach the graph, where ORT's quantiser skips a product of a transposed input."""
+    if x.dim() < 2 or torch.jit.is_tracing():
+        return F.gelu(x)
+    return F.gelu(x.transpose(-2, -1)).transpose(-2, -1)
 
 
 def gelu_(x: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,10 @@ matrix products - nearly all of an encoder's FLOPs - run as int8 GEMMs (fbgemm /
 on every CPU we measured (BENCHMARKS.md). Embeddings, LayerNorm, attention scores and softmax stay fp32.
 The cost is accuracy: BENCHMARKS.md reports the STS-B Spearman drop of all-MiniLM-L6-v2 (aim <= 0.005).
 
+Activations use all 8 bits where the CPU has AVX512-VNNI. torch's dynamic linear layer quantises them to 7 bits
+(`reduce_range`): without VNNI, the int8 product sums pairs of u8 x s8 products in int16, which full-range values
+can saturate; VNNI sums into int32, so the 8th bit is free there and halves the rounding error.
+
 The quantised model is for inference only: it has no trainable linear weights and is never saved.
 """
 
@@ -14,9 +18,17 @@ import warnings
 
 import torch
 import torch.nn as nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
 from unmask.errors import UsageError
+
+
+class FullRangeLinear(DynamicQuantizedLinear):
+    """A dynamically quantised linear layer whose activations use the full u8 range (CPUs with VNNI)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=False).to(x.dtype)
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -31,4 +43,6 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         # take); they still work in the pinned torch and are the only int8 GEMM path in it for CPU
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        return quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
+        layer = FullRangeLinear if torch.cpu._is_vnni_supported() else DynamicQuantizedLinear
+        return quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig}, inplace=True,
+                                mapping={nn.Linear: layer})

@@ -21,26 +21,16 @@ from unmask.data.windows import make_windows, mean_by_owner
 from unmask.errors import CheckpointError, UsageError
 from unmask.hub import load_weights, read_config, read_weights
 from unmask.io import atomic_write_text
-from unmask.models import for_inference, model_class
+from unmask.models import check_backend, for_inference, model_class
 from unmask.models.bert import BertModel
+from unmask.models.onnx import onnxruntime_model
+from unmask.models.pooling import pool
 from unmask.pipelines.batching import check_texts, run_batches
 from unmask.tokenizer import load_tokenizer
 
 _POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
                   "max": "pooling_mode_max_tokens"}
 _NORMALIZE_TYPES = ("Normalize",)
-
-
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """(B, T, H) token vectors -> (B, H) sentence vectors, ignoring padding."""
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-    if mode == "mean":
-        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-    if mode == "cls":
-        return hidden[:, 0]
-    if mode == "max":
-        return hidden.masked_fill(mask == 0, -1e9).max(1).values
-    raise UsageError(f"pooling must be one of {POOLING_MODES}, got {mode!r}")
 
 
 def truncate_dimensions(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
@@ -93,6 +83,19 @@ def read_sentence_transformers_layout(path: Path) -> dict:
     return found
 
 
+def _load_encoder(path: Path, config) -> torch.nn.Module:
+    """The directory's encoder, fp32 (a BERT keeps its pooler only when the checkpoint has one)."""
+    state = read_weights(path)
+    stream = torch.random.get_rng_state()  # as models.from_pretrained: loading draws nothing from it
+    if config.model_type == "bert":
+        model = BertModel(config, add_pooling_layer=any(k.endswith("pooler.dense.weight") for k in state))
+    else:
+        model = model_class(config.model_type, "encoder")(config)
+    load_weights(model, state, str(path))
+    torch.random.set_rng_state(stream)
+    return model
+
+
 class SentenceEncoder:
     """Text -> vectors with an encoder, a pooling and optional L2 normalisation.
 
@@ -118,24 +121,22 @@ class SentenceEncoder:
     @classmethod
     def from_pretrained(cls, path: str | Path, pooling: str | None = None, normalize: bool | None = None,
                         max_seq_length: int | None = None, int8: bool = False, bf16: bool = False,
-                        config=None) -> "SentenceEncoder":
+                        config=None, backend: str = "torch") -> "SentenceEncoder":
         """A sentence-transformers directory or a bare HF encoder directory (mean pooling unless told);
         `int8` / `bf16`: for faster inference (models.for_inference); vectors come back float32 either way;
+        `backend="onnxruntime"`: the encoder's exported graph in ONNX Runtime (models/onnx.py);
         `config`: the directory's config when the caller has read it already."""
         path = Path(path)
         if not path.is_dir():
             raise CheckpointError(f"{path}: model directory not found")
+        check_backend(backend, bf16)
         layout = read_sentence_transformers_layout(path)
         config = config if config is not None else read_config(path)
-        state = read_weights(path)
-        stream = torch.random.get_rng_state()  # as models.from_pretrained: loading draws nothing from it
-        if config.model_type == "bert":  # keep the pooler only when the checkpoint has one (embeddings ignore it)
-            model = BertModel(config, add_pooling_layer=any(k.endswith("pooler.dense.weight") for k in state))
+        if backend == "onnxruntime":
+            model = onnxruntime_model(path, config, "encoder", lambda: _load_encoder(path, config), int8,
+                                      layout["pooling"] or "mean", layout["normalize"])
         else:
-            model = model_class(config.model_type, "encoder")(config)
-        load_weights(model, state, str(path))
-        torch.random.set_rng_state(stream)
-        model = for_inference(model, int8, bf16)
+            model = for_inference(_load_encoder(path, config), int8, bf16)
         tokenizer = load_tokenizer(path, config)
         length = max_seq_length or layout["max_seq_length"]
         if length is None and tokenizer.model_max_length < config.max_position_embeddings:

@@ -89,12 +89,12 @@ class ServedModel:
                              "model")
         if self.head == "embed":
             self.encoder = SentenceEncoder.from_pretrained(self.path, pooling=options.pooling, int8=options.int8,
-                                                           bf16=options.bf16, config=config)
+                                                           bf16=options.bf16, config=config, backend=options.backend)
             self.model, self.tokenizer = self.encoder.model, self.encoder.tokenizer
             context = self.encoder.max_seq_length
         else:
             self.model = models.from_pretrained(self.path, model_head, int8=options.int8, bf16=options.bf16,
-                                                config=config).eval()
+                                                config=config, backend=options.backend).eval()
             self.tokenizer = load_tokenizer(self.path, config)
             context = self.model.config.max_position_embeddings
         if options.max_input_length is not None and options.max_input_length < 3:

@@ -10,6 +10,7 @@ from unmask.data.windows import TRUNCATION
 from unmask.errors import UsageError
 
 POOLINGS = (*POOLING_MODES, "splade")
+BACKENDS = ("torch", "onnxruntime")  # models.INFERENCE_BACKENDS (this module stays free of torch)
 
 
 @dataclass
@@ -23,6 +24,7 @@ class ServeOptions:
     payload_limit: int = 2_000_000  # bytes per request body
     int8: bool = False  # CPU: int8 dynamically quantised linear layers (models/quantize.py)
     bf16: bool = False  # bfloat16 weights and activations (GPUs; CPUs with AVX512-BF16 or AMX)
+    backend: str = "torch"  # or onnxruntime: the model's exported graph in ONNX Runtime (models/onnx.py)
     served_model_name: str | None = None  # the name /info and the OpenAI route give (default: the directory's)
     default_prompt_name: str | None = None  # a key of the model's sentence-transformers prompts, for every input
     default_prompt: str | None = None  # a text put before every input (exclusive with default_prompt_name)
@@ -42,6 +44,10 @@ class ServeOptions:
             self.truncation = "truncate"
         if self.int8 and self.bf16:
             raise UsageError("--int8 and --bf16 exclude each other: choose one")
+        if self.backend not in BACKENDS:
+            raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "onnxruntime" and self.bf16:
+            raise UsageError("--bf16 runs on the torch backend only; the onnxruntime backend runs fp32 or int8 graphs")
         if self.pooling not in (None, *POOLINGS):
             raise UsageError(f"--pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.graceful_timeout < 0:
