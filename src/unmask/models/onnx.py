@@ -15,6 +15,7 @@ folder is read-only or holds graphs that another tool wrote.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -101,8 +102,12 @@ def write_graphs(module: GraphModule, onnx_dir: Path, int8: bool = False) -> dic
                                f"({report[FP32_NAME]}); please report this")
 
     def quantize(staged: Path) -> None:
-        onnxruntime.quantization.quantize_dynamic(str(onnx_dir / FP32_NAME), str(staged),
-                                                  weight_type=onnxruntime.quantization.QuantType.QInt8)
+        logging.disable(logging.WARNING)  # its advice to pre-process the graph, logged on every call
+        try:
+            onnxruntime.quantization.quantize_dynamic(str(onnx_dir / FP32_NAME), str(staged),
+                                                      weight_type=onnxruntime.quantization.QuantType.QInt8)
+        finally:
+            logging.disable(logging.NOTSET)
         report[INT8_NAME] = _agreement(staged, inputs, expected, module.outputs)
 
     atomic_write(onnx_dir / FP32_NAME, trace_checked)
