@@ -25,7 +25,6 @@ from unmask.hub import HubMixin
 from unmask.models import attention
 from unmask.models.activations import ACTIVATIONS, activate
 from unmask.models.dropout import Dropout
-from unmask.models.linear import Linear
 from unmask.models.outputs import (
     ClassifierOutput,
     EncoderOutput,
@@ -62,7 +61,7 @@ class BertSelfAttention(nn.Module):
         super().__init__()
         H = config.hidden_size
         self.num_heads = config.num_attention_heads
-        self.query, self.key, self.value = Linear(H, H), Linear(H, H), Linear(H, H)
+        self.query, self.key, self.value = nn.Linear(H, H), nn.Linear(H, H), nn.Linear(H, H)
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
@@ -86,7 +85,7 @@ class BertSelfAttention(nn.Module):
 class BertSelfOutput(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
@@ -110,7 +109,7 @@ class BertAttention(nn.Module):
 class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.intermediate_size)
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.activation = config.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -120,7 +119,7 @@ class BertIntermediate(nn.Module):
 class BertOutput(BertSelfOutput):
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.dense = Linear(config.intermediate_size, config.hidden_size)
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
 
 
 class BertLayer(nn.Module):
@@ -150,7 +149,7 @@ class BertEncoder(nn.Module):
 class BertPooler(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.dense(x[:, 0]))  # (B, H) from [CLS]
@@ -259,7 +258,7 @@ class BertModel(HubMixin, nn.Module):
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = ACTIVATIONS[config.hidden_act]
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
@@ -271,7 +270,7 @@ class BertLMPredictionHead(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
-        self.decoder = Linear(config.hidden_size, config.vocab_size)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         self.decoder.bias = self.bias  # one parameter under both HF names
 
@@ -325,7 +324,7 @@ class BertForMaskedLM(HubMixin, nn.Module):
         self.bert.embeddings.word_embeddings = nn.Embedding.from_pretrained(
             weight, freeze=False, padding_idx=self.config.pad_token_id)
         self.cls.predictions.bias = nn.Parameter(bias)
-        self.cls.predictions.decoder = Linear(self.config.hidden_size, len(bias))
+        self.cls.predictions.decoder = nn.Linear(self.config.hidden_size, len(bias))
         self.cls.predictions.decoder.bias = self.cls.predictions.bias
         self.config.vocab_size = len(bias)
         self.config.tie_word_embeddings = True
@@ -361,7 +360,7 @@ class _BertClassifier(HubMixin, nn.Module):
         self.bert = BertModel(config, add_pooling_layer=self.pooled)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = Dropout(dropout)
-        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         init_weights(self.classifier, config.initializer_range)
 
 

@@ -26,7 +26,6 @@ from unmask.hub import HubMixin
 from unmask.models import attention, rope
 from unmask.models.activations import ACTIVATIONS, gated
 from unmask.models.dropout import Dropout
-from unmask.models.linear import Linear
 from unmask.models.outputs import (
     ClassifierOutput,
     EncoderOutput,
@@ -65,8 +64,8 @@ class ModernBertAttention(nn.Module):
         super().__init__()
         self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
         self.is_global = config.layer_types[layer_id] == "full_attention"
-        self.Wqkv = Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
-        self.Wo = Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
+        self.Wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
+        self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
         self.out_drop = Dropout(config.attention_dropout)
 
     def forward(self, x: torch.Tensor, cos_sin: dict[bool, tuple], attend: Attend) -> torch.Tensor:
@@ -83,10 +82,10 @@ class ModernBertMLP(nn.Module):
 
     def __init__(self, config: ModernBertConfig):
         super().__init__()
-        self.Wi = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.activation = config.hidden_activation
         self.drop = Dropout(config.mlp_dropout)
-        self.Wo = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         value, gate = self.Wi(x).chunk(2, dim=-1)  # (N, I) views of one (N, 2I) tensor
@@ -210,7 +209,7 @@ class ModernBertModel(HubMixin, nn.Module):
 class ModernBertPredictionHead(nn.Module):
     def __init__(self, config: ModernBertConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
         self.act = ACTIVATIONS[config.classifier_activation]
         self.norm = layer_norm(config)
 
@@ -242,7 +241,7 @@ class ModernBertForMaskedLM(_WithEncoder):
         self.config = config
         self.model = ModernBertModel(config)
         self.head = ModernBertPredictionHead(config)
-        self.decoder = Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
         std_out = config.initializer_range / (2.0 * config.num_hidden_layers) ** 0.5
         for linear in (self.head.dense, self.decoder):
             nn.init.trunc_normal_(linear.weight, std=std_out, a=-2 * std_out, b=2 * std_out)
@@ -264,7 +263,7 @@ class ModernBertForMaskedLM(_WithEncoder):
         """A new word-embedding table (V', H) and decoder bias (V',): a vocabulary grown or shrunk."""
         self.model.embeddings.tok_embeddings = nn.Embedding.from_pretrained(
             weight, freeze=False, padding_idx=self.config.pad_token_id)
-        self.decoder = Linear(self.config.hidden_size, len(bias), bias=self.config.decoder_bias)
+        self.decoder = nn.Linear(self.config.hidden_size, len(bias), bias=self.config.decoder_bias)
         if self.config.decoder_bias:
             self.decoder.bias = nn.Parameter(bias)
         self.config.vocab_size = len(bias)
@@ -294,7 +293,7 @@ class _Classifier(_WithEncoder):
         self.model = ModernBertModel(config)
         self.head = ModernBertPredictionHead(config)
         self.drop = Dropout(config.classifier_dropout)
-        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         std = config.hidden_size ** -0.5
         nn.init.trunc_normal_(self.classifier.weight, std=std, a=-2 * std, b=2 * std)
         nn.init.zeros_(self.classifier.bias)

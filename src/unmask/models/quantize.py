@@ -22,7 +22,6 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
 from unmask.errors import UsageError
-from unmask.models.linear import Linear
 
 
 class FullRangeLinear(DynamicQuantizedLinear):
@@ -45,8 +44,5 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         layer = FullRangeLinear if torch.cpu._is_vnni_supported() else DynamicQuantizedLinear
-        for module in model.modules():
-            if type(module) is Linear:  # torch's quantiser takes nn.Linear by its exact class; ours adds no state
-                module.__class__ = nn.Linear
         return quantize_dynamic(model.eval(), {nn.Linear: per_channel_dynamic_qconfig}, inplace=True,
                                 mapping={nn.Linear: layer})
