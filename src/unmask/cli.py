@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from unmask import __version__
+from unmask.config import INFERENCE_BACKENDS
 from unmask.errors import UnmaskError, UsageError
 from unmask.heads import FINETUNE_TASKS, LABELLED_TASKS, PREDICT_TASKS, TASK_HEADS, check_head
 
@@ -535,7 +536,7 @@ def _add_inference_precision(parser: argparse.ArgumentParser) -> None:
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--int8", action="store_true", help=_HELP["int8"])
     choice.add_argument("--bf16", action="store_true", help=_HELP["bf16_inference"])
-    parser.add_argument("--backend", choices=["torch", "onnxruntime"], default="torch",
+    parser.add_argument("--backend", choices=INFERENCE_BACKENDS, default="torch",
                         help=_HELP["backend"] + " (default torch)")
 
 

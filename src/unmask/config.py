@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unmask.errors import ConfigError
+from unmask.errors import ConfigError, UsageError
 
 
 class HFConfig:
@@ -202,6 +202,14 @@ class ModernBertConfig(HFConfig):
 CONFIG_CLASSES = {"bert": BertConfig, "modernbert": ModernBertConfig}
 # the token poolings of a sentence-transformers `1_Pooling/config.json` that unmask reads
 POOLING_MODES = ("mean", "cls", "max")
+INFERENCE_BACKENDS = ("torch", "onnxruntime")  # what runs a model for inference (models.from_pretrained's backend)
+
+
+def check_backend(backend: str, bf16: bool = False) -> None:
+    if backend not in INFERENCE_BACKENDS:
+        raise UsageError(f"backend must be one of {', '.join(INFERENCE_BACKENDS)}, got {backend!r}")
+    if backend == "onnxruntime" and bf16:
+        raise UsageError("bf16 runs on the torch backend only; the onnxruntime backend runs fp32 or int8 graphs")
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> BertConfig | ModernBertConfig:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from unmask.config import check_backend
 from unmask.errors import UsageError
 from unmask.hub import read_config
 from unmask.models import bert, modernbert
@@ -22,7 +23,6 @@ MODEL_CLASSES = {
                    "token-classification": modernbert.ModernBertForTokenClassification},
 }
 ATTN_BACKENDS = modernbert.BACKENDS
-INFERENCE_BACKENDS = ("torch", "onnxruntime")
 
 
 def model_class(model_type: str, head: str):
@@ -43,13 +43,6 @@ def from_pretrained(path: str | Path, head: str, int8: bool = False, bf16: bool 
         return onnxruntime_model(path, config, head, lambda: from_pretrained(path, head, config=config), int8)
     model = model_class(config.model_type, head).from_pretrained(path, config, **config_overrides)
     return for_inference(model, int8, bf16)
-
-
-def check_backend(backend: str, bf16: bool = False) -> None:
-    if backend not in INFERENCE_BACKENDS:
-        raise UsageError(f"backend must be one of {', '.join(INFERENCE_BACKENDS)}, got {backend!r}")
-    if backend == "onnxruntime" and bf16:
-        raise UsageError("bf16 runs on the torch backend only; the onnxruntime backend runs fp32 or int8 graphs")
 
 
 def for_inference(model: torch.nn.Module, int8: bool = False, bf16: bool = False) -> torch.nn.Module:

@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from tokenizers import Encoding
 
-from unmask.config import POOLING_MODES
+from unmask.config import POOLING_MODES, check_backend
 from unmask.data.windows import make_windows, mean_by_owner
 from unmask.errors import CheckpointError, UsageError
 from unmask.hub import load_weights, read_config, read_weights
 from unmask.io import atomic_write_text
-from unmask.models import check_backend, for_inference, model_class
+from unmask.models import for_inference, model_class
 from unmask.models.bert import BertModel
 from unmask.models.onnx import onnxruntime_model
 from unmask.models.pooling import pool

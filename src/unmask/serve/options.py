@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from unmask.config import POOLING_MODES
+from unmask.config import POOLING_MODES, check_backend
 from unmask.data.windows import TRUNCATION
 from unmask.errors import UsageError
 
 POOLINGS = (*POOLING_MODES, "splade")
-BACKENDS = ("torch", "onnxruntime")  # models.INFERENCE_BACKENDS (this module stays free of torch)
 
 
 @dataclass
@@ -44,10 +43,7 @@ class ServeOptions:
             self.truncation = "truncate"
         if self.int8 and self.bf16:
             raise UsageError("--int8 and --bf16 exclude each other: choose one")
-        if self.backend not in BACKENDS:
-            raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.backend == "onnxruntime" and self.bf16:
-            raise UsageError("--bf16 runs on the torch backend only; the onnxruntime backend runs fp32 or int8 graphs")
+        check_backend(self.backend, self.bf16)
         if self.pooling not in (None, *POOLINGS):
             raise UsageError(f"--pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.graceful_timeout < 0:
