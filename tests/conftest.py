@@ -88,6 +88,19 @@ def served_config(tokenizer, **extra):
                       intermediate_size=64, max_position_embeddings=64, **extra)
 
 
+TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
+
+
+def save_heads(root: Path, made: dict, tokenizer) -> dict[str, Path]:
+    """Each model under root/name with the tokenizer (a SentenceEncoder writes its own layout); name -> directory."""
+    for name, model in made.items():
+        if hasattr(model, "tokenizer"):  # a SentenceEncoder carries its tokenizer
+            model.save_pretrained(root / name)
+        else:
+            model.save_pretrained(root / name, tokenizer=tokenizer)
+    return {name: root / name for name in made}
+
+
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory, tokenizer):
     """One tiny model of each served head (context 64), saved with the test tokenizer."""
@@ -103,14 +116,11 @@ def model_dirs(tmp_path_factory, tokenizer):
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("served")
     labels = {0: "neg", 1: "pos"}
-    tags = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
     made = {"embed": BertModel(served_config(tokenizer)),
             "classify": BertForSequenceClassification(served_config(tokenizer, id2label=labels, num_labels=2)),
             "fill-mask": BertForMaskedLM(served_config(tokenizer)),
-            "tag": BertForTokenClassification(served_config(tokenizer, id2label=tags, num_labels=5))}
-    for name, model in made.items():
-        model.save_pretrained(root / name, tokenizer=tokenizer)
-    return {name: root / name for name in made}
+            "tag": BertForTokenClassification(served_config(tokenizer, id2label=TAGS, num_labels=5))}
+    return save_heads(root, made, tokenizer)
 
 
 @pytest.fixture(scope="session")
@@ -136,15 +146,11 @@ def modernbert_dirs(tmp_path_factory, tokenizer):
                                 global_attn_every_n_layers=2, local_attention=16, pad_token_id=tokenizer.pad_token_id,
                                 **extra)
 
-    SentenceEncoder(ModernBertModel(config()), tokenizer, pooling="cls", normalize=True).save_pretrained(
-        root / "embed")
-    heads = {"classify": ModernBertForSequenceClassification(config(num_labels=3)),
-             "fill-mask": ModernBertForMaskedLM(config()),
-             "tag": ModernBertForTokenClassification(config(id2label={0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC",
-                                                                      4: "I-LOC"}))}
-    for name, model in heads.items():
-        model.save_pretrained(root / name, tokenizer=tokenizer)
-    return {"embed": root / "embed", **{name: root / name for name in heads}}
+    made = {"embed": SentenceEncoder(ModernBertModel(config()), tokenizer, pooling="cls", normalize=True),
+            "classify": ModernBertForSequenceClassification(config(num_labels=3)),
+            "fill-mask": ModernBertForMaskedLM(config()),
+            "tag": ModernBertForTokenClassification(config(id2label=TAGS))}
+    return save_heads(root, made, tokenizer)
 
 
 class Server:

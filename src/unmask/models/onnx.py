@@ -27,6 +27,7 @@ import torch
 from unmask.errors import UsageError
 from unmask.hub import weights_sha256
 from unmask.io import atomic_write, atomic_write_text, cache_dir
+from unmask.models import set_attn_backend
 from unmask.models.outputs import (
     IGNORE_INDEX,
     ClassifierOutput,
@@ -122,15 +123,9 @@ def _torch_outputs(module: GraphModule, inputs: dict[str, np.ndarray]) -> list[n
     return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
 
 
-def _set_attention(module: torch.nn.Module, backend: str) -> None:
-    for layer in module.modules():
-        if hasattr(layer, "attn_backend"):
-            layer.attn_backend = backend
-
-
 def _trace(module: GraphModule, inputs: dict[str, np.ndarray], path: Path) -> None:
     """Trace with padded attention (the unpadded path's shapes depend on the data), then put the backend back."""
-    _set_attention(module, "sdpa")
+    set_attn_backend(module, "sdpa")
     axes = {name: {0: "batch_size", 1: "sequence_length"} for name in inputs}
     axes["last_hidden_state" if module.head == "encoder" else "logits"] = (
         {0: "batch_size"} if module.head == "sequence-classification" else {0: "batch_size", 1: "sequence_length"})
@@ -143,7 +138,7 @@ def _trace(module: GraphModule, inputs: dict[str, np.ndarray], path: Path) -> No
                               input_names=list(inputs), output_names=module.outputs, dynamic_axes=axes,
                               opset_version=OPSET, dynamo=False)
     finally:
-        _set_attention(module, "varlen")
+        set_attn_backend(module, "varlen")
 
 
 def _agreement(path: Path, inputs: dict[str, np.ndarray], expected: list[np.ndarray], names: list[str]) -> dict:
