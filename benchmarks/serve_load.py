@@ -3,7 +3,7 @@ client process on loopback.
 
     python -m benchmarks.serve_load [--clients 64 256 --requests 10 --sentences_per_request 1]
                                     [--baseline_src ../unmask-before/src] [--variant=--bf16] [--heavy 10]
-                                    [--rounds 3] [--output results.json]
+                                    [--rounds 3] [--offline] [--output results.json]
 
 Each client sends its requests one after another over one keep-alive connection; a request holds 1 to
 --sentences_per_request sentences of 10-60 words drawn from the Gutenberg validation books (a fixed seed: every run
@@ -14,6 +14,8 @@ the ratio is ours / its. `--variant FLAGS` adds our server with those flags. All
 the load in turn, `--rounds` times, the order rotating (medians reported). `--heavy N`
 adds N clients that each send 1M-character inputs with "truncate": true while the others run: the short requests'
 p99 with them against without them. The RSS is read after each round: a flat one stops growing after the first.
+Each server's share of the load's time spent in forward passes is read from its metrics; `--offline` then times
+the model alone on the same sentences (what the requests/s could reach with nothing outside the forward).
 """
 
 from __future__ import annotations
@@ -174,10 +176,28 @@ def serve_and_load(model_dir: str, clients: int, args, servers: dict[str, tuple[
             server.wait(timeout=120)
 
 
+def offline_rate(model_dir: str, flags: tuple[str, ...], rounds: int = 3) -> float:
+    """Sentences/s of the model alone on 1,280 of the load's sentences (`SentenceEncoder.encode`, length-sorted
+    batches of 32, the server's precision flags), in this process once the servers are gone: what the server's
+    requests/s of one sentence each could reach without any cost outside the forward."""
+    from unmask.pipelines.embed import SentenceEncoder
+
+    sentences = book_snippets(4000, 10, 60, 0)[:1280]
+    encoder = SentenceEncoder.from_pretrained(model_dir, int8="--int8" in flags, bf16="--bf16" in flags)
+    encoder.encode(sentences[:64], show_progress=False)
+    rates = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        encoder.encode(sentences, batch_size=32, show_progress=False)
+        rates.append(len(sentences) / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
 def show(name: str, r: dict) -> None:
     print(f"{name:<28} {r['requests_per_second']:7.1f} req/s {r['tokens_per_second']:8,.0f} tok/s  "
           f"p50 {r['p50_ms']:7.0f} ms  p99 {r['p99_ms']:7.0f} ms  errors {r['errors']}  "
-          f"{r['inputs_per_batch']:.1f} per forward ({r['forward_share']:.0%} of the time)  RSS {r['rss_before_mib']} -> {r['rss_after_mib']} MiB"
+          f"{r['inputs_per_batch']:.1f} per forward ({r['forward_share']:.0%} of the time)  "
+          f"RSS {r['rss_before_mib']} -> {r['rss_after_mib']} MiB"
           + (f" (after each round: {r['rss_rounds_mib']})" if len(r["rss_rounds_mib"]) > 1 else ""), flush=True)
 
 
@@ -194,6 +214,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="loads sent to each server, in turn (medians; the RSS after each)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed for each load run")
+    parser.add_argument("--offline", action="store_true",
+                        help="then time the model alone on the same sentences, with each of our servers' flags")
     parser.add_argument("--output", default=None)
     parser.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)  # internal: the load process
     args = parser.parse_args()
@@ -222,6 +244,10 @@ def main() -> None:
             quiet = results[f"{clients} clients, unmask"]["p99_ms"]
             print(f"short requests' p99 with the heavy clients: {results[key]['p99_ms'] / quiet:.2f}x without",
                   flush=True)
+    for flags in [(), *(tuple(v.split()) for v in args.variant)] if args.offline else []:
+        name = " ".join(["unmask", *flags])
+        results[f"offline, {name}"] = rate = offline_rate(model_dir, flags)
+        print(f"offline, {name}: {rate:.1f} sentences/s", flush=True)
     if args.output:
         Path(args.output).write_text(json.dumps({"requests": args.requests, "results": results,
                                                  "sentences_per_request": args.sentences_per_request}, indent=2))
