@@ -48,7 +48,9 @@ def main() -> None:
 
     first, second, gold = read_sts(shared_data("stsb", "sts-dev.csv"))
     print(f"STS Benchmark dev, {len(gold)} pairs")
-    for name, encode in [("unmask", lambda t: ours.encode(t, batch_size=32, truncation="truncate")), ("sentence-transformers", st_encode)]:
+    encoders = [("unmask", lambda t: ours.encode(t, batch_size=32, truncation="truncate")),
+                ("sentence-transformers", st_encode)]
+    for name, encode in encoders:
         (a, b), seconds = timed(lambda: (encode(first), encode(second)))
         cosine = (a * b).sum(1)
         line = (f"  {name:<22} spearman {spearman(cosine, gold):.6f}  pearson {pearson(cosine, gold):.6f}"
@@ -66,7 +68,7 @@ def main() -> None:
     print(f"\nSciFact (train queries with judgements): {len(doc_ids):,} documents, {len(query_ids)} queries")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # long abstracts are truncated at 256 tokens by both, as the model card says
-        for name, encode in [("unmask", lambda t: ours.encode(t, batch_size=32, truncation="truncate")), ("sentence-transformers", st_encode)]:
+        for name, encode in encoders:
             (docs, queries), seconds = timed(lambda: (encode(doc_texts), encode(query_texts)))
             top = exact_search(queries, docs, k=100)[0]
             m = retrieval_metrics([[doc_ids[j] for j in row] for row in top], query_ids, relevance)

@@ -95,7 +95,8 @@ def one_run(impl: str, config_name: str, precision: str, steps: int, batch: int,
     tokenizer_dir = minilm_tokenizer_dir()
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
-    ids = dict(pad_token_id=tokenizer.pad_token_id, cls_token_id=cls, bos_token_id=cls, sep_token_id=sep, eos_token_id=sep)
+    ids = dict(pad_token_id=tokenizer.pad_token_id, cls_token_id=cls, bos_token_id=cls, sep_token_id=sep,
+               eos_token_id=sep)
     config = load_config(config_name, vocab_size=tokenizer.vocab_size, max_position_embeddings=max(512, length), **ids)
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)

@@ -6,6 +6,11 @@ becomes a `Job` (its inputs, already validated and counted in real tokens); one 
 adds the following jobs of the same kind in arrival order while the sum of their tokens stays within
 `max_batch_tokens` (real tokens: the models run unpadded, so padding costs nothing to count), runs them as one call,
 and hands each caller its own slice of the results. The event loop only waits on futures: it never runs the model.
+
+The model is also built on that thread, so every torch operation of the server runs on one OS thread. Each thread
+that runs a parallel operation gets its own OpenMP team, and once a process holds more team threads than cores,
+OpenMP's workers sleep and wake on every operation instead of spinning: loading on the main thread and running on
+another made the forward passes of a small model up to 1.5x slower (BENCHMARKS.md, issue 24).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -43,18 +49,21 @@ class BatchStats:
 
 
 class Batcher:
-    """`run(kind, inputs, options) -> results` (one per input) is called on the worker thread only."""
+    """`load()` builds the model on the worker thread, and `model.run(kind, inputs, options) -> results` (one per
+    input) is called there only. The constructor returns once the model is built (raising what `load` raised)."""
 
-    def __init__(self, run: Callable[[str, list, tuple], list], max_batch_tokens: int,
+    def __init__(self, load: Callable[[], Any], max_batch_tokens: int,
                  on_batch: Callable[[BatchStats], None] = lambda stats: None):
         if max_batch_tokens < 1:
             raise UsageError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
-        self.run, self.max_batch_tokens, self.on_batch = run, max_batch_tokens, on_batch
+        self.max_batch_tokens, self.on_batch = max_batch_tokens, on_batch
         self._pending: deque[Job] = deque()
         self._wakeup = threading.Condition()
         self._closing = False
-        self._worker = threading.Thread(target=self._work, name="unmask-batcher", daemon=True)
+        loaded: Future = Future()
+        self._worker = threading.Thread(target=self._work, args=(load, loaded), name="unmask-model", daemon=True)
         self._worker.start()
+        self.model = loaded.result()
 
     def queue_size(self) -> int:
         return len(self._pending)
@@ -97,12 +106,18 @@ class Batcher:
             self._pending = rest  # the others keep their order
             return batch
 
-    def _work(self) -> None:
+    def _work(self, load: Callable[[], Any], loaded: Future) -> None:
+        try:
+            model = load()
+        except BaseException as e:  # noqa: BLE001 - raised by the constructor, on the caller's thread
+            loaded.set_exception(e)
+            return
+        loaded.set_result(model)
         while (batch := self._take()) is not None:
             started = time.perf_counter()
             inputs = [x for job in batch for x in job.inputs]
             try:
-                results, error = self.run(batch[0].kind, inputs, batch[0].options), None
+                results, error = model.run(batch[0].kind, inputs, batch[0].options), None
             except Exception as e:  # noqa: BLE001 - handed to every caller of the batch
                 results, error = None, e
             finished = time.perf_counter()

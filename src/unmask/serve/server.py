@@ -62,12 +62,12 @@ _timings: contextvars.ContextVar[dict] = contextvars.ContextVar("timings")  # th
 
 @dataclass
 class Service:
-    """What every route needs: the model, the options, the metrics and the batcher (made when the app starts)."""
+    """What every route needs: the model, the options, the metrics and the batcher that runs the model."""
 
     model: ServedModel
     options: ServeOptions
+    batcher: Batcher
     metrics: "Metrics" = field(default_factory=lambda: Metrics())
-    batcher: Batcher | None = None
     tokenizers: ThreadPoolExecutor | None = None
 
     def __post_init__(self):
@@ -127,12 +127,14 @@ def _record(**values) -> None:
         timings.update(values)
 
 
-def create_app(model: ServedModel, options: ServeOptions):
-    service = Service(model, options)
+def create_app(batcher: Batcher, options: ServeOptions):
+    """The app over a model that `batcher` built and runs (`Batcher(lambda: ServedModel(path, options), ...)`)."""
+    model = batcher.model
+    service = Service(model, options, batcher=batcher)
+    batcher.on_batch = service.metrics.observe_batch
 
     @asynccontextmanager
     async def lifespan(app):
-        service.batcher = Batcher(model.run, options.max_batch_tokens, service.metrics.observe_batch)
         yield
         # uvicorn has finished the requests in flight (or --graceful_timeout has passed) when this runs
         service.batcher.close(timeout=options.graceful_timeout)
@@ -357,7 +359,7 @@ def _add_service_routes(app, service: Service, handlers: dict) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> str:
-        return service.metrics.render(service.batcher.queue_size() if service.batcher else 0)
+        return service.metrics.render(service.batcher.queue_size())
 
 
 _SCHEMAS = {"embed": EmbedRequest, "embed_sparse": EmbedSparseRequest, "similarity": SimilarityRequest,
@@ -603,9 +605,10 @@ def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8080, options: Se
     import uvicorn
 
     options = options or ServeOptions()
-    model = ServedModel(model_dir, options)
+    batcher = Batcher(lambda: ServedModel(model_dir, options), options.max_batch_tokens)
+    model = batcher.model
     print(f"unmask serve: {model.name} ({model.head}; routes {', '.join('/' + r for r in model.routes)}) "
           f"on http://{host}:{port}", flush=True)
-    uvicorn.run(create_app(model, options), host=host, port=port, log_level=log_level, timeout_keep_alive=5,
+    uvicorn.run(create_app(batcher, options), host=host, port=port, log_level=log_level, timeout_keep_alive=5,
                 timeout_graceful_shutdown=options.graceful_timeout, http=_head_deadline_protocol())
 
