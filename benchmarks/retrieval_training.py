@@ -22,7 +22,8 @@ split holds out 200 queries (and their judgements) for evaluation, the rest trai
   mlm        all-MiniLM-L6-v2 has no MLM head, so `pretrain --model_name_or_path` gives it one (400 steps on the
              SciFact corpus, the new head at a 1e-3 peak rate): the masked LM that SPLADE starts from
   splade     `finetune sparse` from it on the triplets (as `ours`: batch 64, 3 epochs, gradient caching) and
-             `eval retrieval --sparse`
+             `eval retrieval --sparse`; with --bf16 these two train under bf16 autocast (their vocabulary-wide
+             products dominate: fast where bf16 is native)
 
 Every model is scored by `unmask eval retrieval` on the held-out queries (documents cut at 256 tokens, as the
 model card and sentence-transformers do): nDCG@10, recall@100, MRR@10. Each training runs in its own process, one
@@ -100,7 +101,8 @@ def train_mlm(work: Path, args) -> dict:
                                   str(shared_data("scifact") / "corpus.jsonl"), "--output_dir", str(work / "mlm"),
                                   "--overwrite_output_dir", "--max_seq_length", "256",
                                   "--per_device_train_batch_size", "32", "--max_steps", "400", "--learning_rate",
-                                  "5e-5", "--head_learning_rate", "1e-3", "--warmup_steps", "40", "--seed", "42"))
+                                  "5e-5", "--head_learning_rate", "1e-3", "--warmup_steps", "40", "--seed", "42",
+                                  *(["--bf16"] if args.bf16 else [])))
     last = json.loads((work / "mlm" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])
     return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak), "last_loss": last["loss"]}
 
@@ -112,7 +114,8 @@ def train_splade(work: Path, args) -> dict:
                                   "--per_device_train_batch_size", str(args.batch_size),
                                   "--learning_rate", str(args.learning_rate), "--num_train_epochs", str(args.epochs),
                                   "--warmup_ratio", "0.1", "--weight_decay", "0.01", "--seed", "42",
-                                  "--mini_batch_tokens", "8192", "--logging_steps", "5"))
+                                  "--mini_batch_tokens", "8192", "--logging_steps", "5",
+                                  *(["--bf16"] if args.bf16 else [])))
     return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak),
             **evaluate(work, str(work / "splade"), "--sparse")}
 
@@ -223,6 +226,8 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--learning_rate", type=float, default=2e-5)
     parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--bf16", action="store_true",
+                        help="the mlm and splade stages under bf16 autocast (where bf16 is native: AMX, AVX512-BF16)")
     parser.add_argument("--redo", default="", help="stages to run again although results.json has them")
     parser.add_argument("--reference_child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
