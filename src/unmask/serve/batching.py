@@ -10,7 +10,7 @@ and hands each caller its own slice of the results. The event loop only waits on
 The model is also built on that thread, so every torch operation of the server runs on one OS thread. Each thread
 that runs a parallel operation gets its own OpenMP team, and once a process holds more team threads than cores,
 OpenMP's workers sleep and wake on every operation instead of spinning: loading on the main thread and running on
-another made the forward passes of a small model up to 1.5x slower (BENCHMARKS.md, issue 24).
+another made the forward passes of a small model markedly slower (BENCHMARKS.md, issue 24).
 """
 
 from __future__ import annotations
