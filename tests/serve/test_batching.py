@@ -12,24 +12,33 @@ from unmask.serve.batching import Batcher, Job
 
 
 class RecordingModel:
-    """Records the thread that built it and each call's inputs and thread; answers each input with its length."""
+    """Records the thread that built it and each call's inputs and thread; answers each input with its length.
+    A call waits for `release`, so jobs can be queued behind a pass in progress."""
 
     def __init__(self):
         self.built_on = threading.get_ident()
         self.calls: list[tuple[int, list]] = []
-        self.release = threading.Event()
+        self.entered, self.release = threading.Event(), threading.Event()
 
     def run(self, kind: str, inputs: list, options: tuple) -> list:
+        self.entered.set()
         self.release.wait(timeout=30)
         self.calls.append((threading.get_ident(), list(inputs)))
         return [len(x) for x in inputs]
 
 
 async def submit_all(batcher: Batcher, jobs: list[Job]) -> list:
+    """Hold the worker in a pass of its own, queue `jobs` behind it, then let it go: what the worker takes next
+    is decided by the queue alone, not by how fast the jobs arrived."""
+    model = batcher.model
+    holding = asyncio.create_task(batcher.submit(Job("hold", ["h"], 1)))
+    while not model.entered.is_set():
+        await asyncio.sleep(0.001)
     tasks = [asyncio.create_task(batcher.submit(job)) for job in jobs]
-    while batcher.queue_size() < len(jobs) - 1:  # the first may already be taken; the others wait for it
+    while batcher.queue_size() < len(jobs):
         await asyncio.sleep(0)
-    batcher.model.release.set()
+    model.release.set()
+    await holding
     return await asyncio.gather(*tasks)
 
 
@@ -53,7 +62,7 @@ def test_jobs_share_a_pass_within_the_token_budget_and_keep_their_order():
     finally:
         batcher.close(timeout=30)
     assert answers == [[2]] * 5 + [[1]]
-    passes = [inputs for _, inputs in batcher.model.calls]
+    passes = [inputs for _, inputs in batcher.model.calls[1:]]  # after the holding pass
     assert all(sum(4 for x in p if x.startswith("x")) <= 10 for p in passes)  # never over the budget
     assert [x for p in passes for x in p if x.startswith("x")] == [f"x{i}" for i in range(5)]
     assert ["p"] in passes  # another kind never shares a pass
