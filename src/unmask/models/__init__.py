@@ -11,6 +11,7 @@ from unmask.config import check_backend
 from unmask.errors import UsageError
 from unmask.hub import read_config
 from unmask.models import bert, modernbert
+from unmask.models.attention import set_attn_backend  # noqa: F401  (models.set_attn_backend)
 from unmask.models.quantize import quantize_int8
 
 # model_type -> head (unmask.heads.HEADS) -> class
@@ -22,7 +23,6 @@ MODEL_CLASSES = {
                    "sequence-classification": modernbert.ModernBertForSequenceClassification,
                    "token-classification": modernbert.ModernBertForTokenClassification},
 }
-ATTN_BACKENDS = modernbert.BACKENDS
 
 
 def model_class(model_type: str, head: str):
@@ -72,13 +72,3 @@ def warn_if_slow_bf16(enabled: bool, device: torch.device) -> None:
 
 def from_config(config, head: str):
     return model_class(config.model_type, head)(config)
-
-
-def set_attn_backend(model: torch.nn.Module, backend: str) -> None:
-    """The attention backend of every encoder in `model` (ELECTRA holds two): varlen (unpadded rows) or sdpa (padded,
-    as transformers); a run-time choice that changes no parameter."""
-    if backend not in ATTN_BACKENDS:
-        raise UsageError(f"attn_backend must be one of {', '.join(ATTN_BACKENDS)}, got {backend!r}")
-    for module in model.modules():
-        if isinstance(module, (bert.BertModel, modernbert.ModernBertModel)):
-            module.attn_backend = backend

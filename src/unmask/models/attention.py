@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from unmask.errors import UsageError
 from unmask.models.dropout import keep_mask
 from unmask.models.padding import Unpadded, pad_input
 
@@ -19,6 +20,20 @@ try:  # optional, GPU only
     from flash_attn import flash_attn_varlen_func
 except ImportError:  # pragma: no cover - depends on the machine
     flash_attn_varlen_func = None
+
+
+BACKENDS = ("sdpa", "varlen")
+
+
+def set_attn_backend(model: torch.nn.Module, backend: str) -> None:
+    """The attention backend of every encoder in `model` (ELECTRA holds two): varlen (unpadded rows) or sdpa (padded,
+    as transformers); a run-time choice that changes no parameter. The encoders hold it as their own attribute
+    (their heads only pass it through), which is how they are found here, below the model classes."""
+    if backend not in BACKENDS:
+        raise UsageError(f"attn_backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    for module in model.modules():
+        if "attn_backend" in vars(module):
+            module.attn_backend = backend
 
 
 def band_mask(T: int, window: int | None, device) -> torch.Tensor | None:

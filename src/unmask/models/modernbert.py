@@ -38,8 +38,6 @@ from unmask.models.outputs import (
 )
 from unmask.models.padding import pad_input, positions_in_sequence, unpad_input
 
-BACKENDS = ("sdpa", "varlen")
-
 # attend(q, k, v, is_global) on token-major tensors (..., nh, hd) -> (..., nh, hd)
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
@@ -169,8 +167,8 @@ class ModernBertModel(HubMixin, nn.Module):
         bool: return the last hidden states at these positions only, (M, H) in row-major order; the last layer's
         feed-forward then runs at those rows alone (what a sparse MLM head reads)."""
         check_inputs(self.config, input_ids)
-        if self.attn_backend not in BACKENDS:
-            raise UsageError(f"attn_backend must be one of {BACKENDS}, got {self.attn_backend!r}")
+        if self.attn_backend not in attention.BACKENDS:
+            raise UsageError(f"attn_backend must be one of {attention.BACKENDS}, got {self.attn_backend!r}")
         B, T = input_ids.shape
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)

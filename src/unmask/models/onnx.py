@@ -27,7 +27,7 @@ import torch
 from unmask.errors import UsageError
 from unmask.hub import weights_sha256
 from unmask.io import atomic_write, atomic_write_text, cache_dir
-from unmask.models import set_attn_backend
+from unmask.models.attention import set_attn_backend
 from unmask.models.outputs import (
     IGNORE_INDEX,
     ClassifierOutput,
