@@ -96,13 +96,17 @@ def train_ours(work: Path, args, name: str, *extra: str, learning_rate: float | 
     return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak), **evaluate(work, str(work / name))}
 
 
+def autocast(args) -> list[str]:
+    return ["--bf16"] if args.bf16 else []
+
+
 def train_mlm(work: Path, args) -> dict:
     _, seconds, peak = run(unmask("pretrain", "--model_name_or_path", args.model, "--train_file",
                                   str(shared_data("scifact") / "corpus.jsonl"), "--output_dir", str(work / "mlm"),
                                   "--overwrite_output_dir", "--max_seq_length", "256",
                                   "--per_device_train_batch_size", "32", "--max_steps", "400", "--learning_rate",
                                   "5e-5", "--head_learning_rate", "1e-3", "--warmup_steps", "40", "--seed", "42",
-                                  *(["--bf16"] if args.bf16 else [])))
+                                  *autocast(args)))
     last = json.loads((work / "mlm" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])
     return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak), "last_loss": last["loss"]}
 
@@ -115,7 +119,7 @@ def train_splade(work: Path, args) -> dict:
                                   "--learning_rate", str(args.learning_rate), "--num_train_epochs", str(args.epochs),
                                   "--warmup_ratio", "0.1", "--weight_decay", "0.01", "--seed", "42",
                                   "--mini_batch_tokens", "8192", "--logging_steps", "5",
-                                  *(["--bf16"] if args.bf16 else [])))
+                                  *autocast(args)))
     return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak),
             **evaluate(work, str(work / "splade"), "--sparse")}
 
