@@ -434,9 +434,9 @@ def _embed_sparse(args, sentences: list[str]) -> None:
     model, tokenizer = _model_for("unmask embed --sparse", "sparse", args.model, **_inference(args))
     vectors = sparse_encode(model, tokenizer, sentences, batch_size=args.batch_size, truncation=args.truncation,
                             stride=args.stride, max_length=args.max_seq_length)
-    atomic_write_text(args.output, "".join(json.dumps({str(i): round(w, 6) for i, w in v.items()}) + "\n"
-                                            for v in vectors))
-    mean = sum(map(len, vectors)) / max(1, len(vectors))
+    atomic_write_text(args.output, "".join(json.dumps({str(i): round(w, 6) for i, w in vectors.as_dict(n).items()})
+                                            + "\n" for n in range(len(vectors))))
+    mean = len(vectors.values) / len(vectors)
     _report(args, {}, f"{len(sentences):,} sentences -> {args.output} (SPLADE, {mean:,.0f} non-zero weights each "
                       f"on average of {model.config.vocab_size:,})")
 

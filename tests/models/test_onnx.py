@@ -75,9 +75,8 @@ def test_every_pipeline_answers_the_same(copies, tokenizer):
     ours, theirs = both(copies["fill-mask"], "fill-mask")
     masked = ["the old [MASK] remembered the lighthouse", "a [MASK] for [MASK] teacher"]
     assert_close(*(fill_mask(m, tokenizer, masked, top_k=3) for m in (ours, theirs)), "fill-mask")
-    sparse = [sparse_encode(m, tokenizer, TEXTS) for m in (ours, theirs)]
-    for a, b in zip(*sparse):
-        assert max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in a.keys() | b.keys()) <= 1e-5
+    sparse = [sparse_encode(m, tokenizer, TEXTS).dense() for m in (ours, theirs)]
+    assert np.abs(sparse[0] - sparse[1]).max() <= 1e-5
 
 
 def test_a_masked_lm_loss_and_a_classifier_loss_are_the_same(copies, tokenizer):

@@ -16,7 +16,7 @@ from collections import Counter
 
 import numpy as np
 
-from unmask.pipelines.search import InvertedIndex
+from unmask.pipelines.search import InvertedIndex, SparseVectors
 
 WORD = re.compile(r"\w+")
 STOP_WORDS = frozenset("a an and are as at be but by for if in into is it no not of on or such that the their then "
@@ -32,16 +32,29 @@ class BM25:
         counts = [Counter(analyze(text)) for text in documents]
         lengths = np.array([sum(c.values()) for c in counts], dtype=np.float32)
         document_frequency = Counter(word for c in counts for word in c)
+        self.vocabulary = {word: i for i, word in enumerate(document_frequency)}
         n, average = len(documents), max(float(lengths.mean()) if len(documents) else 0.0, 1e-9)
-        idf = {word: math.log(1 + (n - df + 0.5) / (df + 0.5)) for word, df in document_frequency.items()}
+        idf = np.array([math.log(1 + (n - df + 0.5) / (df + 0.5)) for df in document_frequency.values()])
         norm = k1 * (1 - b + b * lengths / average)  # (N,) each document's length term
-        self.index = InvertedIndex({word: idf[word] * tf / (tf + norm[doc]) for word, tf in c.items()}
-                                   for doc, c in enumerate(counts))
+        rows = []
+        for doc, c in enumerate(counts):
+            ids, tf = self._term_counts(c)
+            rows.append((ids, idf[ids] * tf / (tf + norm[doc])))
+        self.index = InvertedIndex(SparseVectors.from_rows(rows, len(self.vocabulary)))
+
+    def _term_counts(self, counts: Counter) -> tuple[np.ndarray, np.ndarray]:
+        """(known words' ids ascending, their counts)."""
+        pairs = sorted((self.vocabulary[word], n) for word, n in counts.items() if word in self.vocabulary)
+        return np.array([i for i, _ in pairs], dtype=np.int32), np.array([n for _, n in pairs], dtype=np.float32)
+
+    def _queries(self, queries: list[str]) -> SparseVectors:
+        """Each query's word counts (a repeated query word counts each time, as in Lucene)."""
+        return SparseVectors.from_rows([self._term_counts(Counter(analyze(q))) for q in queries], len(self.vocabulary))
 
     def scores(self, query: str) -> np.ndarray:
-        """(N,) the query's score for every document (a repeated query word counts each time, as in Lucene)."""
-        return self.index.scores(Counter(analyze(query)))
+        """(N,) the query's score for every document."""
+        return self.index.scores(self._queries([query]))[0]
 
     def search(self, queries: list[str], k: int) -> np.ndarray:
         """(Q, k) the best documents of each query, best first."""
-        return self.index.search((Counter(analyze(query)) for query in queries), k)
+        return self.index.search(self._queries(queries), k)

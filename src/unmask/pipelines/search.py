@@ -3,12 +3,15 @@ vectors through an inverted index (BM25, SPLADE)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Iterable
+import warnings
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
+import torch
 
 QUERY_BLOCK, DOC_BLOCK = 1024, 16384
+SCORE_BLOCK = 2**24  # the sparse search's (queries, documents) scores held at once
 
 
 def exact_search(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -35,37 +38,97 @@ def exact_search(queries: np.ndarray, docs: np.ndarray, k: int) -> tuple[np.ndar
     return np.concatenate(all_ids), np.concatenate(all_scores)
 
 
+@dataclass
+class SparseVectors:
+    """Sparse vectors in compressed rows (CSR): vector i has the weights values[indptr[i]:indptr[i+1]] at the
+    dimensions indices[indptr[i]:indptr[i+1]], ascending. Memory is 8 bytes a non-zero weight whatever their number
+    (a dense SPLADE vector of an undertrained model included), not a Python dict's hundred."""
+
+    indptr: np.ndarray  # (N + 1,) int64
+    indices: np.ndarray  # (nnz,) int32
+    values: np.ndarray  # (nnz,) float32
+    width: int  # the vectors' dimension (a vocabulary's size)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple[np.ndarray, np.ndarray]], width: int) -> SparseVectors:
+        """From each vector's (dimensions ascending, weights)."""
+        lengths = np.fromiter((len(ids) for ids, _ in rows), dtype=np.int64, count=len(rows))
+        indptr = np.concatenate([[0], np.cumsum(lengths)])
+        indices = np.concatenate([np.zeros(0, np.int32), *(ids for ids, _ in rows)]).astype(np.int32, copy=False)
+        values = np.concatenate([np.zeros(0, np.float32), *(w for _, w in rows)]).astype(np.float32, copy=False)
+        return cls(indptr, indices, values, width)
+
+    def __len__(self) -> int:
+        return len(self.indptr) - 1
+
+    def __getitem__(self, rows: slice) -> SparseVectors:
+        """The vectors of a slice of rows (views, no copy)."""
+        start, stop, _ = rows.indices(len(self))
+        stop = max(start, stop)
+        span = slice(self.indptr[start], self.indptr[stop])
+        return SparseVectors(self.indptr[start : stop + 1] - self.indptr[start], self.indices[span],
+                             self.values[span], self.width)
+
+    def row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Vector i's (dimensions, weights)."""
+        span = slice(self.indptr[i], self.indptr[i + 1])
+        return self.indices[span], self.values[span]
+
+    def as_dict(self, i: int) -> dict[int, float]:
+        """Vector i as {dimension: weight}, largest first: what `embed --sparse` and /embed_sparse write."""
+        ids, weights = self.row(i)
+        order = np.argsort(-weights, kind="stable")
+        return dict(zip(ids[order].tolist(), weights[order].tolist()))
+
+    def dense(self) -> np.ndarray:
+        """(N, width) float32."""
+        out = np.zeros((len(self), self.width), dtype=np.float32)
+        out[np.repeat(np.arange(len(self)), np.diff(self.indptr)), self.indices] = self.values
+        return out
+
+    def csr(self) -> torch.Tensor:
+        """The vectors as a torch CSR matrix (N, width) sharing this memory where the index types allow."""
+        return _csr(self.indptr, self.indices, self.values, (len(self), self.width))
+
+
+def _csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
+    index_type = torch.int32 if indptr[-1] < 2**31 else torch.int64
+    with warnings.catch_warnings():  # torch calls its sparse CSR layout beta; the product below is MKL's
+        warnings.simplefilter("ignore", UserWarning)
+        rows, columns = torch.from_numpy(indptr).to(index_type), torch.from_numpy(indices).to(index_type)
+        return torch.sparse_csr_tensor(rows, columns, torch.from_numpy(values), shape, check_invariants=False)
+
+
 class InvertedIndex:
-    """Sparse document vectors ({term: weight}) kept by term, so a query touches only its terms' postings: the
-    search of BM25 and of SPLADE vectors. Scores are dot products."""
+    """Document vectors kept by dimension: row t of `postings`, a (width, N) CSR matrix, lists the documents with a
+    non-zero weight for term t. A block of queries times it touches only their terms' postings: the search of BM25
+    and SPLADE vectors, by dot product."""
 
-    def __init__(self, documents: Iterable[dict]):
-        by_term: dict = defaultdict(lambda: ([], []))
-        self.size = 0
-        for doc, vector in enumerate(documents):
-            self.size = doc + 1
-            for term, weight in vector.items():
-                ids, weights = by_term[term]
-                ids.append(doc)
-                weights.append(weight)
-        self.postings = {term: (np.array(ids, dtype=np.int64), np.array(weights, dtype=np.float32))
-                         for term, (ids, weights) in by_term.items()}
+    def __init__(self, documents: SparseVectors):
+        self.size, self.width = len(documents), documents.width
+        by_term = np.argsort(documents.indices, kind="stable")  # documents in order within each term
+        document_of = np.repeat(np.arange(self.size, dtype=np.int32), np.diff(documents.indptr))[by_term]
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(documents.indices, minlength=self.width))])
+        self.postings = _csr(indptr, document_of, documents.values[by_term], (self.width, self.size))
 
-    def scores(self, query: dict) -> np.ndarray:
-        """(N,) the query vector's dot product with every document."""
-        total = np.zeros(self.size, dtype=np.float32)
-        for term, weight in query.items():
-            if term in self.postings:
-                ids, weights = self.postings[term]
-                total[ids] += weight * weights
-        return total
+    def scores(self, queries: SparseVectors) -> np.ndarray:
+        """(Q, N) each query vector's dot product with every document."""
+        if queries.width != self.width:
+            raise ValueError(f"queries of width {queries.width} against documents of width {self.width}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return (queries.csr() @ self.postings).to_dense().numpy()
 
-    def search(self, queries: Iterable[dict], k: int) -> np.ndarray:
-        """(Q, k) the best documents of each query, best first."""
+    def search(self, queries: SparseVectors, k: int) -> np.ndarray:
+        """(Q, k) the best documents of each query, best first; a block of queries at a time, so that the scores held
+        stay under SCORE_BLOCK floats."""
         k = min(k, self.size)
-        rows = []
-        for query in queries:
-            scores = self.scores(query)
-            top = np.argpartition(-scores, k - 1)[:k]
-            rows.append(top[np.argsort(-scores[top], kind="stable")])
-        return np.array(rows, dtype=np.int64).reshape(-1, k)
+        if k == 0:
+            return np.zeros((len(queries), 0), dtype=np.int64)
+        block, rows = max(1, SCORE_BLOCK // self.size), [np.zeros((0, k), dtype=np.int64)]
+        for q0 in range(0, len(queries), block):
+            scores = self.scores(queries[q0 : q0 + block])  # (q, N)
+            top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+            order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1, kind="stable")
+            rows.append(np.take_along_axis(top, order, axis=1))
+        return np.concatenate(rows)

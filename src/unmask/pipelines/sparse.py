@@ -10,12 +10,15 @@ are their gradients). The head runs at the real tokens only (`sparse_prediction`
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from unmask.data.windows import make_windows
 from unmask.pipelines.batching import check_texts, run_batches
+from unmask.pipelines.search import SparseVectors
 
 
 def splade_pool(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -30,23 +33,22 @@ def splade_pool(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 def splade_vectors(model, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]],
-                   pad_token_id: int, batch_size: int = 8) -> list[dict[int, float]]:
-    """Per input that fits the context, `{vocabulary id: weight}` of its non-zero weights, largest first."""
+                   pad_token_id: int, batch_size: int = 8) -> SparseVectors:
+    """The SPLADE vector of each input that fits the context, its non-zero weights kept as arrays."""
 
     def forward(ids, attention_mask, types):
-        return [_as_dict(row) for row in splade_pool(model, ids, attention_mask, types).cpu()]
+        rows = []
+        for weights in splade_pool(model, ids, attention_mask, types).cpu().numpy():  # (V,) a sequence
+            nonzero = np.flatnonzero(weights)
+            rows.append((nonzero.astype(np.int32), weights[nonzero]))
+        return rows
 
-    return run_batches(model, input_ids, forward, pad_token_id, batch_size, token_type_ids)
-
-
-def _as_dict(weights: torch.Tensor) -> dict[int, float]:
-    nonzero = weights.nonzero()[:, 0]
-    order = torch.argsort(weights[nonzero], descending=True, stable=True)
-    return {int(i): float(weights[i]) for i in nonzero[order]}
+    rows = run_batches(model, input_ids, forward, pad_token_id, batch_size, token_type_ids)
+    return SparseVectors.from_rows(rows, model.config.vocab_size)
 
 
 def sparse_encode(model, tokenizer, texts: Sequence[str], batch_size: int = 8, truncation: str = "chunk",
-                  stride: int | None = None, max_length: int | None = None) -> list[dict[int, float]]:
+                  stride: int | None = None, max_length: int | None = None) -> SparseVectors:
     """SPLADE vectors of texts of any length: one longer than `max_length` (default the context) is read in windows
     (data/windows.py) and its vector is the maximum over them, which is SPLADE's max over all its tokens."""
     context = model.config.max_position_embeddings
@@ -54,11 +56,18 @@ def sparse_encode(model, tokenizer, texts: Sequence[str], batch_size: int = 8, t
     windows = make_windows([(e.ids, e.type_ids) for e in encodings], min(max_length or context, context),
                            truncation, stride)
     per_window = splade_vectors(model, windows.input_ids, windows.token_type_ids, tokenizer.pad_token_id, batch_size)
-    merged: list[dict[int, float]] = [{} for _ in texts]
-    for owner, vector in zip(windows.owner, per_window):
-        into = merged[owner]
-        for index, weight in vector.items():
-            if weight > into.get(index, 0.0):
-                into[index] = weight
-    return [dict(sorted(v.items(), key=lambda item: -item[1])) for v in merged]
+    if len(per_window) == len(encodings):  # one window each
+        return per_window
+    by_input = groupby(range(len(per_window)), key=windows.owner.__getitem__)  # an input's windows come in turn
+    rows = [_maximum([per_window.row(w) for w in group]) for _, group in by_input]
+    return SparseVectors.from_rows(rows, per_window.width)
 
+
+def _maximum(vectors: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The element-wise maximum of sparse vectors of non-negative weights: (dimensions ascending, weights)."""
+    ids = np.concatenate([i for i, _ in vectors])
+    weights = np.concatenate([w for _, w in vectors])
+    order = np.lexsort((-weights, ids))  # by dimension, the largest weight first
+    ids, weights = ids[order], weights[order]
+    first = np.concatenate([[True], ids[1:] != ids[:-1]])
+    return ids[first], weights[first]

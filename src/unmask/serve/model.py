@@ -233,8 +233,9 @@ class ServedModel:
         if kind in ("predict", "rerank"):
             return list(window_logits(self.model, encodings, pad, "chunk", batch_size=n))
         if kind == "embed_sparse":
-            return splade_vectors(self.model, [e.ids for e in encodings], [e.type_ids for e in encodings], pad,
-                                  batch_size=max(1, n // 4))
+            vectors = splade_vectors(self.model, [e.ids for e in encodings], [e.type_ids for e in encodings], pad,
+                                     batch_size=max(1, n // 4))
+            return [vectors.as_dict(i) for i in range(len(vectors))]
         if kind == "fill-mask":
             return fill_mask_tokens(self.model, self.tokenizer, encodings, top_k=options[0], batch_size=n)
         if kind == "tag":
