@@ -4,6 +4,7 @@ score them."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from unmask.data.windows import make_windows
 from unmask.models.bert import BertForMaskedLM
 from unmask.pipelines import search
 from unmask.pipelines.search import InvertedIndex, SparseVectors
-from unmask.pipelines.sparse import sparse_encode, splade_pool, splade_vectors
+from unmask.pipelines.sparse import lower_to_sparse, sparse_encode, splade_pool, splade_vectors
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,29 @@ def test_a_long_text_is_the_max_over_its_windows(mlm, tokenizer):
     assert len(each) > 1 and np.allclose(whole, each.max(axis=0), atol=1e-6)
     short = [sparse_encode(mlm, tokenizer, ["short one", text], truncation=t) for t in ("chunk", "truncate")]
     assert np.array_equal(short[0].row(0)[0], short[1].row(0)[0]) and short[0].row(0)[1].sum() > 0
+
+
+def test_lowering_the_head_keeps_the_masked_lm_and_makes_the_vectors_sparse(mlm, tokenizer):
+    """The bias moves by one constant: the same softmax, and a typical token then has `terms` vocabulary entries
+    above zero; a second call finds nothing to lower."""
+    model = copy.deepcopy(mlm).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().bias += 3.0  # logits centred above zero: dense vectors
+    texts, k = ["the keeper wrote a letter to the harbour", "the lighthouse at night", "a ship came in"], 15
+    ids = [e.ids for e in tokenizer.encode_batch(texts)]
+    batch = torch.tensor([ids[0]])
+    with torch.no_grad():
+        before = model(batch, torch.ones_like(batch)).logits
+        dense = sparse_encode(model, tokenizer, texts)
+        shift = lower_to_sparse(model, ids, 0, terms=k)
+        after = model(batch, torch.ones_like(batch)).logits
+    assert shift > 3.0 and torch.allclose(before - shift, after, atol=1e-5)
+    assert torch.allclose(before.softmax(-1), after.softmax(-1), atol=1e-6)  # the masked LM predicts the same
+    above = (after[0] > 0).sum(dim=1).float()  # (T,) each token's vocabulary entries above zero
+    assert k / 2 <= above.median() <= 2 * k, (k, above)
+    sparse = sparse_encode(model, tokenizer, texts)
+    assert len(sparse.values) < 0.5 * len(dense.values), (len(sparse.values), len(dense.values))
+    assert abs(lower_to_sparse(model, ids, 0, terms=k)) < 1e-4
 
 
 def from_dense(matrix: np.ndarray) -> SparseVectors:

@@ -622,8 +622,8 @@ def test_finetune_sparse_learns_splade_vectors_and_flops_keeps_them_sparse(tmp_p
                           document_regularizer_weight=1e-2, **common))
     (before, _), (free, free_size), (_, flops_size) = (
         ranked_right(tmp_path / name) for name in ("mlm", "free", "flops"))
-    assert free >= 0.7 and free > before + 0.2, (before, free)  # 0.78-0.85 from 0.47 over three seeds
-    assert flops_size < 0.8 * free_size, (free_size, flops_size)
+    assert free >= 0.8 and free > before + 0.3, (before, free)  # 0.95-0.96 from 0.47 over seeds 0-2
+    assert flops_size < 0.7 * free_size, (free_size, flops_size)  # 0.46-0.51 over seeds 0-2
     assert json.loads((tmp_path / "free" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
     encoder_only = tmp_path / "encoder_only"
     BertModel(config).save_pretrained(encoder_only, tokenizer=tokenizer)

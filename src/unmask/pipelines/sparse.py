@@ -32,6 +32,32 @@ def splade_pool(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return torch.log1p(torch.relu(torch.stack(top)))  # (B, V)
 
 
+def lower_to_sparse(model, input_ids: Sequence[Sequence[int]], pad_token_id: int, terms: int = 30,
+                    batch_size: int = 8) -> float:
+    """Lower the masked-LM head's output bias by one constant, so that a typical token of `input_ids` has `terms`
+    vocabulary entries above zero (of BERT's 30,522), and return the constant (0 where no more already are).
+
+    Softmax ignores a constant added to every logit, so the masked LM predicts exactly as before; SPLADE's
+    log(1 + relu) does not. A head whose logits centre near zero (one trained briefly, as a head new to a model)
+    gives vectors over the whole vocabulary, and the FLOPS term would need thousands of steps to thin them."""
+    bias = model.get_output_embeddings().bias
+    if bias is None:
+        return 0.0
+    k = min(terms, model.config.vocab_size)
+
+    def kth_largest(ids, attention_mask, types):  # (B,): each sequence's median over tokens
+        out = model(ids, attention_mask, types, sparse_prediction=True)  # logits (M, V) at every real token
+        kth = torch.topk(out.logits.float(), k, dim=1).values[:, -1]  # (M,)
+        return [rows.median() for rows in kth.split(out.predicted_positions.sum(dim=1).tolist())]
+
+    shift = float(torch.stack(run_batches(model, input_ids, kth_largest, pad_token_id, batch_size)).median())
+    if shift <= 0:
+        return 0.0
+    with torch.no_grad():
+        bias -= shift
+    return shift
+
+
 def splade_vectors(model, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]],
                    pad_token_id: int, batch_size: int = 8) -> SparseVectors:
     """The SPLADE vector of each input that fits the context, its non-zero weights kept as arrays."""

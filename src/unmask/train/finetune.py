@@ -47,7 +47,7 @@ from unmask.objectives.contrastive import (
 )
 from unmask.pipelines.classify import pair_scores
 from unmask.pipelines.embed import SentenceEncoder, pool
-from unmask.pipelines.sparse import splade_pool
+from unmask.pipelines.sparse import lower_to_sparse, splade_pool
 from unmask.tokenizer import load_tokenizer
 from unmask.train.args import FinetuneArgs
 from unmask.train.checkpoint import prepare_output_dir
@@ -201,6 +201,9 @@ def _embed_setup(args: FinetuneArgs, tokenizer):
     train = (load_pairs(spec, tokenizer, args.train_file, teacher) if args.train_file else
              load_beir_pairs(spec, tokenizer, args.corpus, args.queries, args.qrels))
     train = first_examples(train, args.max_train_samples)
+    if args.task == "sparse":  # a start with sparse vectors (the masked LM's predictions unchanged)
+        shift = lower_to_sparse(encoder, train.a[:32] + train.b[:32], tokenizer.pad_token_id)
+        print(f"SPLADE start: the head's logits lowered by {shift:.2f}", file=sys.stderr, flush=True)
     model = BiEncoder(encoder, args.dimensions, args.mini_batch_tokens, args.distillation, args.symmetric,
                       (args.query_regularizer_weight, args.document_regularizer_weight))
     if not args.validation_file:
