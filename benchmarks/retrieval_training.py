@@ -22,8 +22,8 @@ split holds out 200 queries (and their judgements) for evaluation, the rest trai
   mlm        all-MiniLM-L6-v2 has no MLM head, so `pretrain --model_name_or_path` gives it one (400 steps on the
              SciFact corpus, the new head at a 1e-3 peak rate): the masked LM that SPLADE starts from
   splade     `finetune sparse` from it on the triplets (as `ours`: batch 64, 3 epochs, gradient caching) and
-             `eval retrieval --sparse`; with --bf16 these two train under bf16 autocast (their vocabulary-wide
-             products dominate: fast where bf16 is native)
+             `eval retrieval --sparse`; with --bf16 these two and rerank run under bf16 autocast (fast where
+             bf16 is native; the comparisons with sentence-transformers stay fp32)
 
 Every model is scored by `unmask eval retrieval` on the held-out queries (documents cut at 256 tokens, as the
 model card and sentence-transformers do): nDCG@10, recall@100, MRR@10. Each training runs in its own process, one
@@ -121,7 +121,7 @@ def train_splade(work: Path, args) -> dict:
                                   "--mini_batch_tokens", "8192", "--logging_steps", "5",
                                   *autocast(args)))
     return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak),
-            **evaluate(work, str(work / "splade"), "--sparse")}
+            **evaluate(work, str(work / "splade"), "--sparse", *autocast(args))}
 
 
 def train_reference(work: Path, args) -> dict:
@@ -186,9 +186,9 @@ def stage(name: str, work: Path, args) -> dict:
                                       "--per_device_train_batch_size", "4",
                                       "--gradient_accumulation_steps", "4", "--learning_rate", "5e-5",
                                       "--head_learning_rate", "1e-3", "--num_train_epochs", "3", "--seed", "42",
-                                      "--logging_steps", "5"))
+                                      "--logging_steps", "5", *autocast(args)))
         reranked = evaluate(work, str(work / "ours"), "--reranker", str(work / "reranker"),
-                            "--reranker_max_length", "320")  # pairs as long as it was trained on
+                            "--reranker_max_length", "320", *autocast(args))  # pairs as long as it was trained on
         return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak), **reranked}
     if name == "matryoshka":
         result = train_ours(work, args, "matryoshka", "--matryoshka_dims", "384,256,128,64", learning_rate=1e-4)
@@ -231,7 +231,8 @@ def main() -> None:
     parser.add_argument("--learning_rate", type=float, default=2e-5)
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--bf16", action="store_true",
-                        help="the mlm and splade stages under bf16 autocast (where bf16 is native: AMX, AVX512-BF16)")
+                        help="the mlm, splade and rerank stages under bf16 autocast (where bf16 is native: AMX, "
+                             "AVX512-BF16)")
     parser.add_argument("--redo", default="", help="stages to run again although results.json has them")
     parser.add_argument("--reference_child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
