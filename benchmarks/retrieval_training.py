@@ -15,6 +15,8 @@ split holds out 200 queries (and their judgements) for evaluation, the rest trai
   rerank     `unmask finetune pair` on the same triplets: a one-label cross-encoder ranking each positive against
              its negative and 4 other rows' positives (3 epochs, 16 anchors a step in 4 micro-batches of 4, pairs of
              320 tokens, the new head at a 1e-3 peak rate), re-ranking ours' top 100 (`eval retrieval --reranker`)
+  reference_rerank  sentence-transformers' CrossEncoder + its CachedMultipleNegativesRankingLoss on the same
+             triplets, batch, rate, epochs and pair length, re-ranking the same top 100: what the data allows
   matryoshka `finetune embed --matryoshka_dims 384,256,128,64` at a 1e-4 peak rate (the leading dimensions must take
              up what the rest held: at 2e-5, 30 steps barely move them), scored at 128 dimensions and at all 384
   distill    `finetune embed --teacher` the reranker (MarginMSE), the nDCG@10 it adds over `ours`
@@ -44,7 +46,8 @@ from pathlib import Path
 
 from benchmarks.common import minilm_dir, shared_data
 
-STAGES = ["split", "base", "mine", "ours", "reference", "rerank", "matryoshka", "distill", "bm25", "mlm", "splade"]
+STAGES = ["split", "base", "mine", "ours", "reference", "rerank", "reference_rerank", "matryoshka", "distill", "bm25",
+          "mlm", "splade"]
 HELD_OUT = 200
 
 
@@ -161,6 +164,33 @@ def reference_child(args) -> None:
     model.save(str(work / "reference"))
 
 
+def reference_rerank_child(args) -> None:
+    """sentence-transformers' CrossEncoder trained on the same triplets as the rerank stage: its cached ranking loss
+    (each positive against its negative and 4 other rows' positives, 10 x sigmoid), 16 anchors a step (mini-batches
+    of 24 pairs: 4 anchors' six), 3 epochs, lr 5e-5 (one rate: it has no separate head rate), warmup 10%, weight
+    decay 0.01, pairs of 320 tokens."""
+    import warnings
+
+    import torch
+    from datasets import Dataset
+    from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
+    from sentence_transformers.cross_encoder.losses import CachedMultipleNegativesRankingLoss
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(42)
+    work = Path(args.work_dir)
+    with open(work / "tuples.jsonl", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    model = CrossEncoder(args.model, num_labels=1, max_length=320, device="cpu")
+    training = CrossEncoderTrainingArguments(
+        output_dir=str(work / "reference-reranker-run"), num_train_epochs=3, per_device_train_batch_size=16,
+        learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, seed=42, save_strategy="no", logging_steps=5,
+        report_to=[], use_cpu=True, bf16=args.bf16)
+    loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=24)
+    CrossEncoderTrainer(model=model, args=training, train_dataset=Dataset.from_list(rows), loss=loss).train()
+    model.save(str(work / "reference-reranker"))
+
+
 def stage(name: str, work: Path, args) -> dict:
     data = shared_data("scifact")
     if name == "split":
@@ -189,6 +219,12 @@ def stage(name: str, work: Path, args) -> dict:
                                       "--logging_steps", "5", *autocast(args)))
         reranked = evaluate(work, str(work / "ours"), "--reranker", str(work / "reranker"),
                             "--reranker_max_length", "320", *autocast(args))  # pairs as long as it was trained on
+        return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak), **reranked}
+    if name == "reference_rerank":
+        _, seconds, peak = run([sys.executable, "-m", "benchmarks.retrieval_training", "--reference_rerank_child",
+                                "--work_dir", str(work), "--model", args.model, *autocast(args)])
+        reranked = evaluate(work, str(work / "ours"), "--reranker", str(work / "reference-reranker"),
+                            "--reranker_max_length", "320", *autocast(args))
         return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak), **reranked}
     if name == "matryoshka":
         result = train_ours(work, args, "matryoshka", "--matryoshka_dims", "384,256,128,64", learning_rate=1e-4)
@@ -235,10 +271,13 @@ def main() -> None:
                              "AVX512-BF16)")
     parser.add_argument("--redo", default="", help="stages to run again although results.json has them")
     parser.add_argument("--reference_child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--reference_rerank_child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.model = args.model or minilm_dir()
     if args.reference_child:
         return reference_child(args)
+    if args.reference_rerank_child:
+        return reference_rerank_child(args)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     results_path = work / "results.json"
