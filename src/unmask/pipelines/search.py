@@ -4,6 +4,7 @@ vectors through an inverted index (BM25, SPLADE)."""
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -91,10 +92,18 @@ class SparseVectors:
         return _csr(self.indptr, self.indices, self.values, (len(self), self.width))
 
 
+@contextmanager
+def _sparse_csr_quietly():
+    """torch warns on every use that its sparse CSR layout is beta and that invariant checks are off (the arrays are
+    built here, in order); the product used is MKL's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
 def _csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
     index_type = torch.int32 if indptr[-1] < 2**31 else torch.int64
-    with warnings.catch_warnings():  # torch calls its sparse CSR layout beta; the product below is MKL's
-        warnings.simplefilter("ignore", UserWarning)
+    with _sparse_csr_quietly():
         rows, columns = torch.from_numpy(indptr).to(index_type), torch.from_numpy(indices).to(index_type)
         return torch.sparse_csr_tensor(rows, columns, torch.from_numpy(values), shape, check_invariants=False)
 
@@ -115,8 +124,7 @@ class InvertedIndex:
         """(Q, N) each query vector's dot product with every document."""
         if queries.width != self.width:
             raise ValueError(f"queries of width {queries.width} against documents of width {self.width}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
+        with _sparse_csr_quietly():
             return (queries.csr() @ self.postings).to_dense().numpy()
 
     def search(self, queries: SparseVectors, k: int) -> np.ndarray:
