@@ -109,3 +109,32 @@ def test_sentence_transformers_loads_the_exported_directory(tmp_path, minilm_dir
     theirs = SentenceTransformer(str(tmp_path / "out"), backend="onnx", device="cpu").encode(TEXTS)
     ours = SentenceEncoder.from_pretrained(minilm_dir).encode(TEXTS)
     assert np.abs(theirs - ours).max() <= 1e-5
+
+
+@pytest.mark.slow
+def test_a_graph_over_2gb_lands_with_its_weights_in_one_file(tmp_path, tokenizer, model_dirs):
+    """Protobuf caps a graph at 2 GB: torch's exporter then writes each weight to a file of its own; the export
+    gathers them into model.onnx_data (optimum's name), and ORT runs the graph. A smaller graph exported over it
+    later takes the stale data file away."""
+    from unmask.config import BertConfig
+    from unmask.models.bert import BertModel
+
+    config = BertConfig(vocab_size=263_000, hidden_size=2048, num_hidden_layers=1, num_attention_heads=16,
+                        intermediate_size=64, max_position_embeddings=64)  # 2.15 GB of word embeddings
+    with torch.device("meta"):
+        model = BertModel(config)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.02)
+    model.save_pretrained(tmp_path / "big", tokenizer=tokenizer)
+    del model
+    report = export_onnx(tmp_path / "big", tmp_path / "out", int8=True)
+    onnx_dir = tmp_path / "out" / "onnx"
+    assert sorted(f.name for f in onnx_dir.iterdir()) == ["model.onnx", "model.onnx_data", "model_qint8.onnx",
+                                                          "model_qint8.onnx.data", "unmask_export.json"]
+    assert (onnx_dir / "model.onnx").stat().st_size < 2**20 and (onnx_dir / "model.onnx_data").stat().st_size > 2**31
+    assert report["model.onnx"]["sentence_embedding"]["cosine"] >= 0.99999
+    assert report["model_qint8.onnx"]["sentence_embedding"]["cosine"] > 0.9
+    export_onnx(model_dirs["embed"], tmp_path / "out", int8=True)  # a small graph over the same folder
+    assert sorted(f.name for f in onnx_dir.iterdir()) == ["model.onnx", "model_qint8.onnx", "unmask_export.json"]

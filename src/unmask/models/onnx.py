@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -26,7 +27,7 @@ import torch
 
 from unmask.errors import UsageError
 from unmask.hub import weights_sha256
-from unmask.io import atomic_write, atomic_write_text, cache_dir
+from unmask.io import atomic_write_text, cache_dir
 from unmask.models.attention import set_attn_backend
 from unmask.models.outputs import (
     IGNORE_INDEX,
@@ -41,6 +42,7 @@ from unmask.models.pooling import pool
 
 ONNX_DIR = "onnx"
 FP32_NAME, INT8_NAME = "model.onnx", "model_qint8.onnx"
+DATA_SUFFIX = "_data"  # a graph over 2 GB keeps its weights in model.onnx_data (optimum's name)
 MANIFEST = "unmask_export.json"
 OPSET = 17
 MIN_FP32_COSINE = 0.99999
@@ -97,6 +99,7 @@ def write_graphs(module: GraphModule, onnx_dir: Path, int8: bool = False) -> dic
 
     def trace_checked(staged: Path) -> None:
         _trace(module, inputs, staged)
+        _gather_external_data(staged)
         report[FP32_NAME] = _agreement(staged, inputs, expected, module.outputs)
         if min(found["cosine"] for found in report[FP32_NAME].values()) < MIN_FP32_COSINE:
             raise RuntimeError(f"{onnx_dir / FP32_NAME}: the exported graph disagrees with the PyTorch forward "
@@ -105,16 +108,48 @@ def write_graphs(module: GraphModule, onnx_dir: Path, int8: bool = False) -> dic
     def quantize(staged: Path) -> None:
         logging.disable(logging.WARNING)  # its advice to pre-process the graph, logged on every call
         try:
-            onnxruntime.quantization.quantize_dynamic(str(onnx_dir / FP32_NAME), str(staged),
-                                                      weight_type=onnxruntime.quantization.QuantType.QInt8)
+            onnxruntime.quantization.quantize_dynamic(
+                str(onnx_dir / FP32_NAME), str(staged), weight_type=onnxruntime.quantization.QuantType.QInt8,
+                use_external_data_format=(onnx_dir / (FP32_NAME + DATA_SUFFIX)).exists())
         finally:
             logging.disable(logging.NOTSET)
         report[INT8_NAME] = _agreement(staged, inputs, expected, module.outputs)
 
-    atomic_write(onnx_dir / FP32_NAME, trace_checked)
+    _land(onnx_dir, FP32_NAME, trace_checked)
     if int8:
-        atomic_write(onnx_dir / INT8_NAME, quantize)
+        _land(onnx_dir, INT8_NAME, quantize)
     return report
+
+
+def _land(onnx_dir: Path, name: str, write: Callable[[Path], None]) -> None:
+    """`write(path)` makes graph `name`, with any external-data file beside it, in a staging folder inside
+    `onnx_dir`; then each file moves in by a rename, the graph last, so a crash never leaves a graph missing its
+    weights. A data file of an earlier graph of that name (one over 2 GB) goes."""
+    with tempfile.TemporaryDirectory(dir=onnx_dir, prefix=".staging-") as staging:
+        graph = Path(staging) / name
+        write(graph)
+        data = [f for f in Path(staging).iterdir() if f != graph]
+        for f in data:
+            os.replace(f, onnx_dir / f.name)
+        os.replace(graph, onnx_dir / name)
+    for stale in {name + DATA_SUFFIX, name + ".data"} - {f.name for f in data}:  # ORT's quantiser names it .data
+        (onnx_dir / stale).unlink(missing_ok=True)
+
+
+def _gather_external_data(graph: Path) -> None:
+    """A graph over 2 GB (protobuf's limit) comes from torch's exporter with each weight in a file of its own beside
+    it; gather them into one `model.onnx_data`, as optimum writes it (and sentence-transformers loads it)."""
+    import onnx
+
+    weights = [f for f in graph.parent.iterdir() if f != graph]
+    if not weights:
+        return
+    proto = onnx.load(str(graph))  # reads every weight file
+    onnx.save_model(proto, str(graph), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=graph.name + DATA_SUFFIX)
+    del proto
+    for f in weights:
+        f.unlink()
 
 
 def _torch_outputs(module: GraphModule, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
