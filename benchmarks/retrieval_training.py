@@ -8,7 +8,7 @@ split holds out 200 queries (and their judgements) for evaluation, the rest trai
 
   base       the untrained model on the held-out queries
   mine       `unmask mine` hard negatives for the training queries (ranks 10-50, --margin 0, 1 negative a row)
-  ours       `unmask finetune embed` on the mined triplets, gradient caching (--mini_batch_tokens 8192)
+  ours       `unmask finetune embed` on the mined triplets, gradient caching (--mini_batch_tokens, default 8192)
   reference  sentence-transformers' SentenceTransformerTrainer + CachedMultipleNegativesRankingLoss
              (mini_batch_size 32: 32 x 256 tokens), the same rows, batch size, learning rate, epochs, seed,
              warmup (10%) and weight decay (0.01)
@@ -95,7 +95,7 @@ def train_ours(work: Path, args, name: str, *extra: str, learning_rate: float | 
                                   "--per_device_train_batch_size", str(args.batch_size), "--learning_rate",
                                   str(learning_rate or args.learning_rate), "--num_train_epochs", str(args.epochs),
                                   "--warmup_ratio", "0.1", "--weight_decay", "0.01", "--seed", "42",
-                                  "--mini_batch_tokens", "8192", "--logging_steps", "5", *extra))
+                                  "--mini_batch_tokens", str(args.mini_batch_tokens), "--logging_steps", "5", *extra))
     return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak), **evaluate(work, str(work / name))}
 
 
@@ -121,7 +121,7 @@ def train_splade(work: Path, args) -> dict:
                                   "--per_device_train_batch_size", str(args.batch_size),
                                   "--learning_rate", str(args.learning_rate), "--num_train_epochs", str(args.epochs),
                                   "--warmup_ratio", "0.1", "--weight_decay", "0.01", "--seed", "42",
-                                  "--mini_batch_tokens", "8192", "--logging_steps", "5",
+                                  "--mini_batch_tokens", str(args.mini_batch_tokens), "--logging_steps", "5",
                                   *autocast(args)))
     return {"train_seconds": round(seconds, 1), "peak_rss_mib": round(peak),
             **evaluate(work, str(work / "splade"), "--sparse", *autocast(args))}
@@ -265,6 +265,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--learning_rate", type=float, default=2e-5)
+    parser.add_argument("--mini_batch_tokens", type=int, default=8192, help="ours and splade: gradient caching's "
+                        "mini-batches (memory and speed: either way the gradient is the uncached loss's, though "
+                        "dropout draws differ)")
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--bf16", action="store_true",
                         help="the mlm, splade and rerank stages under bf16 autocast (where bf16 is native: AMX, "
