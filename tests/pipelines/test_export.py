@@ -79,6 +79,21 @@ def test_int8_is_written_beside_and_its_agreement_reported(tmp_path, model_dirs)
     assert 0.9 < cosine < report["model.onnx"]["sentence_embedding"]["cosine"]
 
 
+def test_exporting_leaves_the_model_ready_for_inference(tmp_path, model_dirs):
+    """torch's exporter puts back the module's mode: a module made in training mode (as every new module is) kept
+    its dropout on after the export, and a benchmark timed that (it had called eval() on the model inside only)."""
+    from unmask.models.onnx import GraphModule, write_graphs
+
+    model = from_pretrained(model_dirs["embed"], "encoder").eval()
+    module = GraphModule(model, "encoder")
+    assert module.training
+    write_graphs(module, tmp_path / "onnx")
+    assert not model.training and not any(m.training for m in model.modules())
+    ids = torch.randint(5, 100, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(model(ids).last_hidden_state, model(ids).last_hidden_state)  # no dropout
+
+
 def test_the_command_exports_in_place_and_refuses_a_folder_in_use(tmp_path, model_dirs):
     from shutil import copytree
 

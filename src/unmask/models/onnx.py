@@ -93,6 +93,7 @@ def write_graphs(module: GraphModule, onnx_dir: Path, int8: bool = False) -> dic
     A fp32 graph that disagrees (cosine under 0.99999) is an error, never written."""
     onnxruntime = require_onnxruntime()
     onnx_dir.mkdir(parents=True, exist_ok=True)
+    module.eval()  # a graph is for inference; torch's exporter would put back a training module's mode (dropout on)
     inputs = sample_inputs(module.model.config)
     expected = _torch_outputs(module, inputs)
     report = {"head": module.head}
