@@ -5,10 +5,11 @@
 glibc serves allocations above 32 MB (the word-embedding gradient of a BERT vocabulary is larger) with a fresh mmap
 and unmaps them when freed, so every training step page-faults them in again and zero-fills them, which on the
 sandboxed CPU machines we measure on costs more than the computation of some layers (BENCHMARKS.md). Raising glibc's
-mmap and trim thresholds once per process keeps such blocks in the heap for reuse. Peak memory is unchanged; the
-process simply keeps it until it exits (as PyTorch's CUDA allocator does). Inference gains too: it allocates the
-same large activations forward after forward (BENCHMARKS.md). The `unmask` command applies it at start-up; a Python
-program calls `keep_freed_memory()` once itself.
+mmap and trim thresholds once per process keeps such blocks in the heap for reuse, until the process exits (as
+PyTorch's CUDA allocator keeps its blocks). The price is resident memory: freed blocks stay resident and the heap
+fragments around them, so a training step's peak RSS is higher than under glibc's defaults (BENCHMARKS.md, issue
+26). Inference gains too: it allocates the same large activations forward after forward. The `unmask` command
+applies it at start-up; a Python program calls `keep_freed_memory()` once itself.
 
 `bound_kernel_caches`: oneDNN (bf16 matmuls on CPU) builds a kernel per input shape and keeps it in two caches of
 1,024 entries each (oneDNN's own and ideep's), about a megabyte a kernel. Unpadded batches have a new number of

@@ -75,10 +75,11 @@ def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
 
 
 def _probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hd)) where `mask` allows, (B, nh, T, T)."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B, nh, T, T)
+    """softmax(q k^T / sqrt(hd)) where `mask` allows, (B, nh, T, T). Each pass over a (B, nh, T, T) tensor costs
+    T / hd times one over q, so the scale goes on q and the mask is filled in place."""
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # (B, nh, T, T)
     if mask is not None:  # the lowest finite score, not -inf: a padding query with no key in its window gets
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # a finite (unused) row, not NaN
+        scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)  # a finite (unused) row, not NaN
     return scores.softmax(-1)
 
 
@@ -89,25 +90,24 @@ class _AttentionWithDropout(torch.autograd.Function):
         keep = keep_mask(probabilities, dropout_p)
         ctx.save_for_backward(q, k, v, keep, mask)
         ctx.dropout_p, ctx.autocast = dropout_p, torch.is_autocast_enabled("cpu")
-        return torch.matmul((probabilities * keep).mul_(1.0 / (1.0 - dropout_p)), v)
+        # dropout's 1 / (1 - p) on the (B, nh, T, hd) output rather than the (B, nh, T, T) probabilities
+        return torch.matmul(probabilities.mul_(keep), v).mul_(1.0 / (1.0 - dropout_p))
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, keep, mask = ctx.saved_tensors
-        scale = 1.0 / (1.0 - ctx.dropout_p)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ctx.autocast):  # the forward's arithmetic again
             probabilities = _probabilities(q, k, mask)
-        dropped = (probabilities * keep).mul_(scale)
-        grad_out = grad_out.to(dropped.dtype)
-        grad_v = torch.matmul(dropped.transpose(-1, -2), grad_out)
-        del dropped
-        grad_p = (torch.matmul(grad_out, v.to(grad_out.dtype).transpose(-1, -2)) * keep).mul_(scale)
-        grad_p = grad_p.to(probabilities.dtype)
-        # softmax's backward: p * (g - sum_j g_j p_j), then the score scale
-        grad_scores = probabilities * (grad_p - (grad_p * probabilities).sum(-1, keepdim=True))
-        grad_scores = grad_scores.mul_(q.shape[-1] ** -0.5).to(q.dtype)
-        grad_q = torch.matmul(grad_scores, k)
-        grad_k = torch.matmul(grad_scores.transpose(-1, -2), q)
+        grad_out = grad_out.to(probabilities.dtype) * (1.0 / (1.0 - ctx.dropout_p))  # dropout's scale, (B, nh, T, hd)
+        grad_p = torch.matmul(grad_out, v.to(grad_out.dtype).transpose(-1, -2)).mul_(keep)
+        # softmax's backward, p * (g - sum_j g_j p_j), in one pass
+        grad_scores = torch._softmax_backward_data(grad_p, probabilities, -1, probabilities.dtype).to(q.dtype)
+        del grad_p
+        grad_v = torch.matmul(probabilities.mul_(keep).transpose(-1, -2), grad_out)  # the forward's dropped p
+        del probabilities
+        scale = q.shape[-1] ** -0.5  # the score scale, on the (B, nh, T, hd) side again
+        grad_q = torch.matmul(grad_scores, k).mul_(scale)
+        grad_k = torch.matmul(grad_scores.transpose(-1, -2), q).mul_(scale)
         return grad_q, grad_k, grad_v.to(v.dtype), None, None
 
 

@@ -36,7 +36,7 @@ from unmask.train.args import TrainingArgs
 from unmask.train.checkpoint import resume_point, save_checkpoint
 from unmask.train.distributed import Distributed, average_gradients
 from unmask.train.metrics_log import MetricsLog, plot_loss_curve
-from unmask.train.optim import lr_factor, make_optimizer, set_learning_rate
+from unmask.train.optim import allocate_state, lr_factor, make_optimizer, set_learning_rate
 
 
 @dataclass
@@ -124,6 +124,7 @@ class Run:
         self.metrics = MetricsLog(self.output_dir / "metrics.jsonl",
                                   self.state.step if args.resume_from_checkpoint else None, dist.is_main)
         model.to(dist.device).train()
+        self.settle_gradients = allocate_state(self.optimizer)
         # a model DDP cannot serve (a bi-encoder: see BiEncoder) has its gradients averaged in `accumulate`
         wrap = dist.world_size > 1 and not getattr(model, "averages_gradients_itself", False)
         self.ddp_model = torch.nn.parallel.DistributedDataParallel(model) if wrap else model
@@ -199,6 +200,9 @@ class Run:
         if not math.isfinite(step_loss):
             raise TrainingError(f"loss is {step_loss} at step {state.step + 1}: lower --learning_rate or raise "
                                 "--warmup_steps, or resume from the last checkpoint")
+        if self.settle_gradients is not None:  # after the first backward
+            self.settle_gradients()
+            self.settle_gradients = None
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
         decay = (state.step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)
         if args.max_train_minutes:
@@ -207,7 +211,7 @@ class Run:
                                                  args.decay_ratio)
         set_learning_rate(self.optimizer, self.lr)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=False)  # kept: see allocate_state
         state.step += 1
         self.window.loss += step_loss
         self.window.steps += 1

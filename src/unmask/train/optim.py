@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -34,6 +35,35 @@ def make_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: f
     # fine-tuning step in its sqrt pass (BENCHMARKS.md)
     return torch.optim.AdamW(param_groups(model, weight_decay, head_lr_scale), lr=learning_rate, betas=betas,
                              eps=eps, fused=True)
+
+
+def allocate_state(optimizer: torch.optim.AdamW) -> Callable[[], None]:
+    """Every parameter's gradient and AdamW moments, made now, before any activation, and kept from step to step
+    (`zero_grad(set_to_none=False)`). Made lazily instead, they land amid the first step's activations and the
+    gradients are freed and placed anew every step, so the heap that `keep_freed_memory` keeps fragments around them
+    (more peak memory and slower steps, BENCHMARKS.md). The moments are laid out as AdamW's own first step makes
+    them (and its `state_dict` saves them); a state already there (a resumed run's) is kept.
+
+    Returns `settle`, to call once after the first backward: it frees the gradient (and moments) of every parameter
+    that got no gradient, so AdamW skips it from then on as it would have (no weight decay on an unused pooler)."""
+    touched, hooks = set(), []
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+        hooks.append(p.register_post_accumulate_grad_hook(lambda q: touched.add(id(q))))
+        if not optimizer.state[p]:
+            optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
+                                  "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+
+    def settle() -> None:
+        for hook in hooks:
+            hook.remove()
+        for p in params:
+            if id(p) not in touched:
+                p.grad = None
+                if not optimizer.state[p]["step"]:  # never stepped: no state, as if never allocated
+                    del optimizer.state[p]
+    return settle
 
 
 def lr_factor(step: int, warmup_steps: int, decay_progress: float, schedule: str = "linear",
