@@ -30,10 +30,10 @@ def keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # full 64-bit range
     draws = bits.view(torch.int16)[:n].view(x.shape)  # four uniform int16 draws per 64 bits
     threshold = min(round(p * 2**16), 2**16 - 1)  # within int16 after the shift below
-    # the mask (1 = keep) in x's dtype, not bool: multiplying a float tensor by a bool one converts the bool
-    # tensor first, which costs more than the product itself (BENCHMARKS.md); the price is memory, 4 bytes an
-    # element kept for the backward in fp32, not 1
-    keep = torch.empty_like(x)
+    # the mask (1 = keep) in x's dtype when that takes 2 bytes (bf16 autocast): the two multiplies then convert
+    # nothing, for 1 byte more an element kept for the backward; in fp32 a bool mask, 3 bytes an element less than
+    # an fp32 one, for a little more time (BENCHMARKS.md)
+    keep = torch.empty_like(x, dtype=x.dtype if x.element_size() == 2 else torch.bool)
     torch.ge(draws, -(2**15) + threshold, out=keep)
     return keep
 
