@@ -31,9 +31,10 @@ def keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     draws = bits.view(torch.int16)[:n].view(x.shape)  # four uniform int16 draws per 64 bits
     threshold = min(round(p * 2**16), 2**16 - 1)  # within int16 after the shift below
     # the mask (1 = keep) in x's dtype when that takes 2 bytes (bf16 autocast): the two multiplies then convert
-    # nothing, for 1 byte more an element kept for the backward; in fp32 a bool mask, 3 bytes an element less than
-    # an fp32 one, for a little more time (BENCHMARKS.md)
-    keep = torch.empty_like(x, dtype=x.dtype if x.element_size() == 2 else torch.bool)
+    # nothing, for 1 byte more an element kept for the backward; in fp32 one byte, uint8 rather than bool: a float
+    # tensor multiplied by a bool one converts it first, slower than by a uint8 one (BENCHMARKS.md), and an fp32
+    # mask would keep 3 bytes an element more for the backward
+    keep = torch.empty_like(x, dtype=x.dtype if x.element_size() == 2 else torch.uint8)
     torch.ge(draws, -(2**15) + threshold, out=keep)
     return keep
 
