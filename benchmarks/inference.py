@@ -20,8 +20,9 @@
   backend, on the same sentences; STS-B dev Spearman. Also one 128-token input through bert-base against ORT.
 
 Both sides share one process, so both run with the allocator setting that loading an unmask model applies
-(`unmask.runtime.keep_freed_memory`: freed blocks stay in the heap instead of being page-faulted in afresh). It is
-applied first thing here, so every part measures the same way. The reference can be faster with it than in a
+(`unmask.runtime.keep_freed_memory`: freed blocks stay in the heap instead of being page-faulted in afresh), and with
+oneDNN's kernel caches capped as `unmask` caps them (`bound_kernel_caches`). They are applied first thing here, so
+every part measures the same way. The reference can be faster with it than in a
 process of its own, so these ratios are conservative; `--alone` times a reference the way its users run it, in a
 fresh process with no unmask model loaded:
 
@@ -40,8 +41,12 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
-import torch
+from unmask.runtime import bound_kernel_caches
+
+bound_kernel_caches()  # before torch loads, as `unmask` does with --int8 or --bf16: the kernel caches its users get
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from benchmarks.common import SHARED_DATA, book_snippets, hf_config
 

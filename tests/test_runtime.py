@@ -1,5 +1,5 @@
-"""The process settings the `unmask` command applies: the kernel caches are capped with --bf16, before torch loads,
-and a user's own setting wins."""
+"""The process settings the `unmask` command applies: the kernel caches are capped with --bf16 or --int8, before torch
+loads, and a user's own setting wins."""
 
 from __future__ import annotations
 
@@ -24,3 +24,7 @@ def test_bf16_commands_cap_the_kernel_caches(model_dirs):
     assert caches_after("fill-mask", str(model_dirs["fill-mask"]), "a [MASK]") == "None None"  # fp32: untouched
     assert caches_after("fill-mask", str(model_dirs["fill-mask"]), "a [MASK]", "--bf16",
                         LRU_CACHE_CAPACITY="8") == "64 8"
+
+
+def test_int8_commands_cap_the_kernel_caches(model_dirs):  # oneDNN's int8 kernels on AMX: one per token count
+    assert caches_after("fill-mask", str(model_dirs["fill-mask"]), "a [MASK]", "--int8") == "64 64"

@@ -847,8 +847,8 @@ def main(argv: list[str] | None = None) -> int:
     from unmask.runtime import bound_kernel_caches, keep_freed_memory
 
     keep_freed_memory()  # once, for the whole process: large tensors are reused, not page-faulted in again
-    if getattr(args, "bf16", False):  # before torch is imported: a bf16 kernel per token count grew the process
-        bound_kernel_caches()
+    if getattr(args, "bf16", False) or getattr(args, "int8", False):  # before torch is imported: a oneDNN kernel
+        bound_kernel_caches()  # per token count (bf16 matmuls, int8 ones on AMX) grew the process
     args.started = time.perf_counter()
     try:
         args.run(args)

@@ -11,11 +11,12 @@ fragments around them, so a training step's peak RSS is higher than under glibc'
 26). Inference gains too: it allocates the same large activations forward after forward. The `unmask` command
 applies it at start-up; a Python program calls `keep_freed_memory()` once itself.
 
-`bound_kernel_caches`: oneDNN (bf16 matmuls on CPU) builds a kernel per input shape and keeps it in two caches of
-1,024 entries each (oneDNN's own and ideep's), about a megabyte a kernel. Unpadded batches have a new number of
-tokens nearly every time, so a server or a training run in bf16 grew by tens of MB per thousand batches. Capping both
-caches keeps the process flat; a shape used again (a fixed-size loop) stays cached. `unmask` applies it with
-`--bf16` (fp32 matmuls are not oneDNN's), before torch is imported; a user's own setting of either variable wins.
+`bound_kernel_caches`: oneDNN (bf16 matmuls on CPU, int8 ones on AMX CPUs) builds a kernel per input shape and keeps
+it in two caches of 1,024 entries each (oneDNN's own and ideep's), about a megabyte a kernel. Unpadded batches have a
+new number of tokens nearly every time, so a server or a training run in bf16 or int8 grew by hundreds of MB over a
+thousand batches. Capping both caches keeps the process flat; a shape used again (a fixed-size loop) stays cached.
+`unmask` applies it with `--bf16` or `--int8` (fp32 matmuls are not oneDNN's), before torch is imported; a user's own
+setting of either variable wins.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import torch.nn as nn
 from conftest import shared_data
 from unmask import models
 from unmask.config import load_config
-from unmask.models import for_inference
+from unmask.models import for_inference, quantize
 from unmask.models.quantize import quantize_int8
 from unmask.pipelines.embed import SentenceEncoder
 
@@ -17,8 +17,13 @@ SENTENCES = ["A man is playing a guitar on the street.", "The cat sleeps in the 
              "Stock markets fell sharply after the announcement.", "She reads a book about ancient Rome."]
 
 
+ENGINES = [e for e in ("x86", "onednn") if e in torch.backends.quantized.supported_engines]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("preset", ["bert-tiny", "modernbert-tiny"])
-def test_every_linear_layer_is_quantised_and_outputs_stay_close(preset):
+def test_every_linear_layer_is_quantised_and_outputs_stay_close(preset, engine, monkeypatch):
+    monkeypatch.setattr(quantize, "packing_engine", lambda: engine)  # each engine's kernels, whatever this CPU has
     torch.manual_seed(0)
     config = load_config(preset, vocab_size=500, pad_token_id=0)
     model = models.from_config(config, "masked-lm").eval()
@@ -34,6 +39,27 @@ def test_every_linear_layer_is_quantised_and_outputs_stay_close(preset):
     real = mask.bool()
     cosine = torch.nn.functional.cosine_similarity(logits[real], reference[real], dim=-1)
     assert cosine.min() > 0.99, cosine.min()
+
+
+def test_packs_for_onednn_where_the_cpu_has_amx_and_leaves_the_engine_setting_alone(monkeypatch):
+    from torch.ao.nn.quantized.modules.linear import LinearPackedParams
+
+    engines, pack = [], LinearPackedParams.set_weight_bias
+
+    def recording_pack(self, *args):  # the engine in force when each weight is packed decides its kernels
+        engines.append(torch.backends.quantized.engine)
+        return pack(self, *args)
+
+    monkeypatch.setattr(LinearPackedParams, "set_weight_bias", recording_pack)
+    amx = torch.cpu._is_amx_tile_supported()
+    before = torch.backends.quantized.engine
+    assert quantize.packing_engine() == ("onednn" if amx else before)
+    model = quantize_int8(models.from_config(load_config("bert-tiny", vocab_size=500), "encoder"))
+    assert torch.backends.quantized.engine == before
+    assert len(engines) >= 12 and set(engines) == {quantize.packing_engine()}, engines  # 2 layers x 6 linears
+    ids = torch.randint(5, 500, (2, 9))
+    with torch.inference_mode():  # weights packed for one engine run under the other's setting
+        assert torch.isfinite(model(ids, torch.ones_like(ids)).last_hidden_state).all()
 
 
 def test_minilm_embeddings_in_int8_stay_close_to_fp32(minilm_dir):

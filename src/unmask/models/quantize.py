@@ -1,8 +1,12 @@
 """Int8 dynamic quantisation for CPU inference (an opt-in mode: `--int8`).
 
 Every `nn.Linear` keeps its weight as int8 (one scale per output channel) and quantises its input per call, so the
-matrix products - nearly all of an encoder's FLOPs - run as int8 GEMMs (fbgemm / x86 engine), faster than fp32 ones
-on every CPU we measured (BENCHMARKS.md). Embeddings, LayerNorm, attention scores and softmax stay fp32.
+matrix products - nearly all of an encoder's FLOPs - run as int8 GEMMs, faster than fp32 ones on every CPU we measured
+(BENCHMARKS.md). Embeddings, LayerNorm, attention scores and softmax stay fp32.
+
+Where the CPU has AMX, the weights are packed for oneDNN's engine, whose int8 GEMMs use the AMX tiles; elsewhere for
+torch's default engine (fbgemm). Each packed weight carries its engine, so the process-wide engine setting is
+restored after packing. oneDNN builds a kernel per number of rows; `runtime.bound_kernel_caches` caps their caches.
 The cost is accuracy: BENCHMARKS.md reports the STS-B Spearman drop of all-MiniLM-L6-v2 (aim <= 0.005).
 
 Activations use all 8 bits where the CPU has AVX512-VNNI. torch's dynamic linear layer quantises them to 7 bits
@@ -15,6 +19,8 @@ The quantised model is for inference only: it has no trainable linear weights an
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -31,6 +37,23 @@ class FullRangeLinear(DynamicQuantizedLinear):
         return torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=False).to(x.dtype)
 
 
+def packing_engine() -> str:
+    """The quantised engine whose int8 GEMMs are fastest on this CPU: oneDNN's where it can use AMX tiles."""
+    if torch.cpu._is_amx_tile_supported() and "onednn" in torch.backends.quantized.supported_engines:
+        return "onednn"
+    return torch.backends.quantized.engine
+
+
+@contextmanager
+def _quantized_engine(engine: str) -> Iterator[None]:
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = previous
+
+
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Replace the model's linear layers, in place, by dynamically quantised int8 ones; returns the model in
     eval mode."""
@@ -38,7 +61,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         raise UsageError("int8 dynamic quantisation runs on CPU only; load the model on CPU (or drop --int8)")
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise UsageError("int8 quantisation starts from float32 weights; do not combine it with a bf16 model")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quantized_engine(packing_engine()):
         # torch marks its quantised tensor types as deprecated (in favour of torchao, a dependency we do not
         # take); they still work in the pinned torch and are the only int8 GEMM path in it for CPU
         warnings.simplefilter("ignore", UserWarning)
