@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,15 +116,47 @@ def test_without_onnxruntime_the_error_names_the_install(tmp_path, model_dirs, m
         export_onnx(model_dirs["embed"], tmp_path / "out")
 
 
-def test_sentence_transformers_loads_the_exported_directory(tmp_path, minilm_dir):
-    pytest.importorskip("optimum.onnxruntime", reason="optimum-onnx (sentence-transformers' ONNX backend) requires "
-                                                      "transformers < 4.58 and cannot be installed beside 5.x")
-    from sentence_transformers import SentenceTransformer
+def loaders_python() -> str:
+    """A Python with optimum-onnx and sentence-transformers: this one, or the environment `make loaders` builds
+    (optimum-onnx requires transformers < 4.58, so it cannot live beside the test venv's transformers 5)."""
+    try:
+        import optimum.onnxruntime  # noqa: F401
 
-    export_onnx(minilm_dir, tmp_path / "out")
-    theirs = SentenceTransformer(str(tmp_path / "out"), backend="onnx", device="cpu").encode(TEXTS)
-    ours = SentenceEncoder.from_pretrained(minilm_dir).encode(TEXTS)
-    assert np.abs(theirs - ours).max() <= 1e-5
+        return sys.executable
+    except ImportError:
+        built = Path(__file__).parents[2] / ".venv-loaders" / "bin" / "python"
+        if not built.is_file():
+            pytest.skip("optimum-onnx is not installed here and .venv-loaders is missing: make loaders")
+        return str(built)
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_optimum_and_sentence_transformers_load_every_exported_head(tmp_path, model_dirs, modernbert_dirs, arch):
+    dirs = model_dirs if arch == "bert" else modernbert_dirs
+    for task in HEADS:
+        export_onnx(dirs[task], tmp_path / task, int8=task == "embed")
+    pairs = [f"{HEADS[task]}={tmp_path / task}" for task in HEADS]
+    done = subprocess.run([loaders_python(), str(Path(__file__).with_name("optimum_loads.py")),
+                           str(tmp_path / "theirs.npz"), *pairs], input=json.dumps(TEXTS), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = np.load(tmp_path / "theirs.npz")
+    for task, head in HEADS.items():
+        ids, mask = (torch.from_numpy(theirs[f"{head}/{name}"]) for name in ("input_ids", "attention_mask"))
+        assert ids.shape == (len(TEXTS), ids.shape[1]) and ids.shape[1] > 30  # their tokenizer read ours
+        with torch.no_grad():
+            ours = from_pretrained(dirs[task], head).eval()(ids, mask)
+        expected = (ours.last_hidden_state if head == "encoder" else ours.logits).numpy()
+        output = theirs[f"{head}/output"]
+        real = mask.bool().numpy()
+        if output.ndim == 3:  # per token: padding positions are no output
+            output, expected = output[real], expected[real]
+        assert np.abs(output - expected).max() <= 1e-5, task
+    vectors = SentenceEncoder.from_pretrained(dirs["embed"]).encode(TEXTS)
+    assert np.abs(theirs["encoder/sentence-transformers model.onnx"] - vectors).max() <= 1e-5
+    int8 = theirs["encoder/sentence-transformers model_qint8.onnx"]
+    cosine = (int8 * vectors).sum(1) / np.linalg.norm(int8, axis=1) / np.linalg.norm(vectors, axis=1)
+    assert 0.8 < cosine.min() and cosine.max() < 0.99999  # the int8 graph, quantised
 
 
 @pytest.mark.slow
