@@ -3,11 +3,11 @@
 Every `nn.Linear` keeps its weight as int8 (one scale per output channel) and quantises its input per call, so the
 matrix products - nearly all of an encoder's FLOPs - run as int8 GEMMs, faster than fp32 ones on every CPU we measured
 (BENCHMARKS.md). Embeddings, LayerNorm, attention scores and softmax stay fp32.
+The cost is accuracy: BENCHMARKS.md reports the STS-B Spearman drop of all-MiniLM-L6-v2 (aim <= 0.005).
 
 Where the CPU has AMX, the weights are packed for oneDNN's engine, whose int8 GEMMs use the AMX tiles; elsewhere for
 torch's default engine (fbgemm). Each packed weight carries its engine, so the process-wide engine setting is
 restored after packing. oneDNN builds a kernel per number of rows; `runtime.bound_kernel_caches` caps their caches.
-The cost is accuracy: BENCHMARKS.md reports the STS-B Spearman drop of all-MiniLM-L6-v2 (aim <= 0.005).
 
 Activations use all 8 bits where the CPU has AVX512-VNNI. torch's dynamic linear layer quantises them to 7 bits
 (`reduce_range`): without VNNI, the int8 product sums pairs of u8 x s8 products in int16, which full-range values
