@@ -591,7 +591,8 @@ def _add_setup_commands(commands) -> None:
     onnx.add_argument("output_dir", metavar="OUTPUT_DIR", nargs="?",
                       help="where to write (default: the model directory itself)")
     onnx.add_argument("--int8", action="store_true",
-                      help="also onnx/model_qint8.onnx: int8 weights, dynamically quantised (ORT's quantize_dynamic)")
+                      help="also onnx/model_qint8.onnx: int8 weights (a scale per output channel), "
+                           "activations quantised per call (ORT's quantize_dynamic)")
     onnx.add_argument("--overwrite", action="store_true", help="write into an OUTPUT_DIR that is not empty")
     onnx.add_argument("--json", action="store_true", help=_JSON_HELP)
     onnx.set_defaults(run=_run_export_onnx)

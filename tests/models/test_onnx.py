@@ -117,6 +117,27 @@ def test_the_graph_is_exported_once_and_again_when_the_weights_change(tmp_path, 
     assert json.loads((model / "onnx" / "unmask_export.json").read_text())["weights_sha256"] == weights_sha256(model)
 
 
+def test_the_int8_graph_has_a_weight_scale_per_output_channel_and_an_older_cache_is_made_again(tmp_path, model_dirs):
+    import onnx as onnx_format
+
+    model = shutil.copytree(model_dirs["embed"], tmp_path / "model")
+    from_pretrained(model, "encoder", backend="onnxruntime", int8=True)
+    graph = onnx_format.load(str(model / "onnx" / "model_qint8.onnx")).graph
+    scales = {i.name: i.dims for i in graph.initializer if i.name.endswith("_scale")}
+    weights = {i.name: i.dims for i in graph.initializer if i.name.endswith("_quantized") and ".layer." in i.name}
+    assert len(weights) == 2 * 6 and all(len(dims) == 2 for dims in weights.values())  # 2 layers x 6 products
+    for name, (rows, columns) in weights.items():  # (in, out): one scale per output column
+        assert list(scales[name.removesuffix("_quantized") + "_scale"]) == [columns], name
+    manifest_path = model / "onnx" / "unmask_export.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["int8_weight_scales"]  # as a session before per-channel scales wrote it
+    manifest_path.write_text(json.dumps(manifest))
+    (model / "onnx" / "model_qint8.onnx").write_bytes(b"a per-tensor graph")
+    from_pretrained(model, "encoder", backend="onnxruntime", int8=True)
+    assert json.loads(manifest_path.read_text())["int8_weight_scales"] == "per-channel"
+    assert (model / "onnx" / "model_qint8.onnx").read_bytes() != b"a per-tensor graph"
+
+
 def test_another_tools_graph_is_left_alone(tmp_path, model_dirs, monkeypatch):
     model = shutil.copytree(model_dirs["embed"], tmp_path / "model")
     (model / "onnx").mkdir()
