@@ -14,7 +14,8 @@
 - modernbert: a ragged batch (16 texts of 64-511 tokens, random ids) through modernbert-small (random weights), ours
   (the default, unpadded `varlen` backend, and the padded `sdpa` one) vs transformers' ModernBertModel (sdpa).
 - tokenization: our Tokenizer.encode_batch vs transformers' fast tokenizer on the same sentences.
-- onnxruntime: all-MiniLM-L6-v2 exported by our onnxruntime backend (fp32, and int8 by ORT's quantize_dynamic) run in
+- onnxruntime: all-MiniLM-L6-v2 exported by our onnxruntime backend (fp32, and int8 by ORT's quantize_dynamic with
+  per-channel weight scales, as sentence-transformers' quantised export makes it) run in
   ONNX Runtime as its users run it (its own session, full graph optimisation, as many threads as torch; batches of 32
   sorted by length, mean pooling in numpy) against ours fp32 and `--int8`, and our pipeline on the onnxruntime
   backend, on the same sentences; STS-B dev Spearman. Also two levers on our side: one padded call per batch

@@ -121,6 +121,9 @@ def write_graphs(module: GraphModule, onnx_dir: Path, int8: bool = False) -> dic
     _land(onnx_dir, FP32_NAME, trace_checked)
     if int8:
         _land(onnx_dir, INT8_NAME, quantize)
+    else:  # an int8 graph left from earlier weights would no longer be theirs
+        for stale in (INT8_NAME, INT8_NAME + DATA_SUFFIX, INT8_NAME + ".data"):
+            (onnx_dir / stale).unlink(missing_ok=True)
     return report
 
 
@@ -241,7 +244,8 @@ def onnxruntime_model(model_dir: str | Path, config, head: str, load: Callable[[
     onnx_dir = _graph_dir(model_dir, key)
     name = INT8_NAME if int8 else FP32_NAME
     manifest = _read_manifest(onnx_dir)
-    if {k: manifest.get(k) for k in key} != key or not (onnx_dir / name).exists():
+    made = {k: manifest.get(k) for k in key} == key and name in manifest.get("graphs", {})
+    if not made or not (onnx_dir / name).exists():
         report = write_graphs(GraphModule(load(), head, pooling, normalize).eval(), onnx_dir, int8)
         write_manifest(onnx_dir, key, report)
     return OnnxRuntimeModel(onnx_dir / name, config, head)
