@@ -48,6 +48,11 @@ OPSET = 17
 MIN_FP32_COSINE = 0.99999
 
 
+def data_files(name: str) -> set[str]:
+    """The names a graph's external weights can have beside it (ORT's quantiser names them `.data`)."""
+    return {name + DATA_SUFFIX, name + ".data"}
+
+
 def require_onnxruntime():
     try:
         import onnxruntime
@@ -122,7 +127,7 @@ def write_graphs(module: GraphModule, onnx_dir: Path, int8: bool = False) -> dic
     if int8:
         _land(onnx_dir, INT8_NAME, quantize)
     else:  # an int8 graph left from earlier weights would no longer be theirs
-        for stale in (INT8_NAME, INT8_NAME + DATA_SUFFIX, INT8_NAME + ".data"):
+        for stale in {INT8_NAME} | data_files(INT8_NAME):
             (onnx_dir / stale).unlink(missing_ok=True)
     return report
 
@@ -138,7 +143,7 @@ def _land(onnx_dir: Path, name: str, write: Callable[[Path], None]) -> None:
         for f in data:
             os.replace(f, onnx_dir / f.name)
         os.replace(graph, onnx_dir / name)
-    for stale in {name + DATA_SUFFIX, name + ".data"} - {f.name for f in data}:  # ORT's quantiser names it .data
+    for stale in data_files(name) - {f.name for f in data}:
         (onnx_dir / stale).unlink(missing_ok=True)
 
 
